@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install fbt-probe with its test tools (idempotent; fast when done).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.fbt-probe-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    # The CPU wheel first: a bare 'torch' requirement would pull a multi-GB CUDA build.
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+    .venv/bin/python -m pip install -q -e ".[dev]"
+    touch "$stamp"
+fi

@@ -1,0 +1,106 @@
+"""What every task generator shares: the example record, seeding and interleaving.
+
+A generator is a pure function of (parameters, seed). Each *base instance* (a group)
+fixes the label information; it is then rendered once per requested distractor count
+with fresh distractors, so every rendering of a group carries the same label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks import vocab
+
+MAX_DISTRACTORS = 256
+DEFAULT_DISTRACTORS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+# Separate seed streams: probe datasets and the training stream can never share draws.
+STREAM_PROBE = 0
+STREAM_TRAIN = 1
+TASK_CODES = {"mixture": 10, "delayed_memory": 11, "done_tracking": 12, "multi_register": 13}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One rendered sequence: prompt up to and including the colon, then the answer."""
+
+    task: str
+    group: int
+    n_distractors: int
+    prompt: tuple[str, ...]  # ends with the colon
+    answer: tuple[str, ...]  # the label words, in order
+    overwrites: tuple[int, ...] = field(default=())  # multi_register: per register
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return self.prompt + self.answer
+
+    @property
+    def colon_index(self) -> int:
+        return len(self.prompt) - 1
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.tokens)
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.answer)
+
+
+def rng_for(seed: int, task: str, stream: int, *path: int) -> np.random.Generator:
+    """A generator keyed by (seed, task, stream, *path): independent of call order."""
+    return np.random.default_rng(np.random.SeedSequence([seed, TASK_CODES[task], stream, *path]))
+
+
+def distractor_words(rng: np.random.Generator, n: int) -> list[str]:
+    return [vocab.DISTRACTORS[i] for i in rng.integers(0, len(vocab.DISTRACTORS), size=n)]
+
+
+def interleave(rng: np.random.Generator, events: list[tuple[str, ...]], n: int) -> list[str]:
+    """Place ``events`` (kept in order, each kept contiguous) among ``n`` fresh distractors."""
+    fill = distractor_words(rng, n)
+    slots = np.sort(rng.choice(n + len(events), size=len(events), replace=False))
+    out: list[str] = []
+    ev = iter(events)
+    fi = iter(fill)
+    slot_set = set(slots.tolist())
+    for i in range(n + len(events)):
+        out.extend(next(ev) if i in slot_set else (next(fi),))
+    return out
+
+
+def check_counts(distractors: list[int] | tuple[int, ...], max_distractors: int = MAX_DISTRACTORS):
+    if len(distractors) == 0:
+        raise ValueError("no distractor counts given")
+    for n in distractors:
+        if not 0 <= int(n) <= max_distractors:
+            raise ValueError(f"distractor count {n} outside [0, {max_distractors}]")
+
+
+def balanced_bits(rng: np.random.Generator, n_groups: int) -> np.ndarray:
+    """Exactly balanced 0/1 labels (one extra 0 when odd), in random order."""
+    return rng.permutation(np.arange(n_groups) % 2)
+
+
+def generate_groups(
+    mod, n_groups, distractors, seed, params, stream, progress=None
+) -> list[Example]:
+    """Draw ``n_groups`` bases of task module ``mod`` and render each at every count.
+
+    Each rendering uses its own generator keyed by (seed, stream, group, count), so a
+    group's renderings do not depend on which other groups or counts were asked for.
+    """
+    check_counts(distractors)
+    bases = mod.draw_bases(n_groups, seed, params, stream)
+    out = []
+    for g, base in enumerate(bases):
+        for n in distractors:
+            out.append(
+                mod.render(base, int(n), rng_for(seed, mod.NAME, stream, g, int(n)), params, g)
+            )
+        if progress is not None:
+            progress(g + 1, n_groups)
+    return out

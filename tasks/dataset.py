@@ -1,0 +1,194 @@
+"""Self-describing dataset files (parquet): schema, atomic writing, loading, hashing.
+
+One row per rendered example. The file's schema metadata (key ``fbt_probe``) holds the
+task, its parameters, the distractor counts, the seed, the vocabulary (version and
+tokens), the schema version and the content hash, so a file explains itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks import vocab
+from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
+
+SCHEMA_VERSION = "1"
+META_KEY = b"fbt_probe"
+
+SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),  # the whole sequence, prompt and answer, space-separated
+        ("token_ids", pa.list_(pa.int32())),  # ids of ``text``
+        ("label", pa.string()),  # the answer words joined by spaces
+        ("labels", pa.list_(pa.string())),  # the answer words (one per register)
+        ("group", pa.int32()),  # base instance id: all its renderings share it
+        ("n_distractors", pa.int32()),
+        ("colon_index", pa.int32()),  # position of ':' in token_ids
+        ("overwrites", pa.list_(pa.int32())),  # multi_register: per register; else empty
+    ]
+)
+
+
+@dataclass
+class Dataset:
+    """A loaded dataset: numpy columns plus the metadata of the file."""
+
+    meta: dict
+    token_ids: list[np.ndarray]
+    labels: list[tuple[str, ...]]
+    group: np.ndarray
+    n_distractors: np.ndarray
+    colon_index: np.ndarray
+    overwrites: list[tuple[int, ...]]
+    text: list[str]
+
+    @property
+    def task(self) -> str:
+        return self.meta["task"]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def content_hash(self) -> str:
+        return self.meta["content_hash"]
+
+
+def sequence_hash(token_ids) -> str:
+    """Hash of one token sequence (used to check train/probe disjointness)."""
+    return hashlib.sha256(np.asarray(token_ids, dtype=np.int32).tobytes()).hexdigest()[:16]
+
+
+def content_hash(examples: list[Example]) -> str:
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(f"{ex.group}|{ex.n_distractors}|{ex.text}|{ex.overwrites}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def parse_distractors(spec: str) -> tuple[int, ...]:
+    """'0,1,4' -> (0,1,4); '0-8' -> 0..8; mixed '0,4-6'; 'default' -> 0,1,2,4,...,256."""
+    spec = spec.strip()
+    if spec in ("", "default"):
+        return DEFAULT_DISTRACTORS
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if ":pow2" in part:
+                lo, hi = (int(x) for x in part.replace(":pow2", "").split("-"))
+                out += [
+                    n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10)) if lo <= n <= hi
+                ]
+            elif "-" in part[1:]:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out += list(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise ValueError(
+            f"cannot parse distractor counts {spec!r}: use a list '0,1,4' or a range '0-16'"
+        ) from None
+    out = sorted(set(out))
+    check_counts(out)
+    return tuple(out)
+
+
+def to_table(examples: list[Example], meta: dict) -> pa.Table:
+    ids = [vocab.encode(ex.tokens) for ex in examples]
+    cols = {
+        "text": [ex.text for ex in examples],
+        "token_ids": ids,
+        "label": [ex.label for ex in examples],
+        "labels": [list(ex.answer) for ex in examples],
+        "group": [ex.group for ex in examples],
+        "n_distractors": [ex.n_distractors for ex in examples],
+        "colon_index": [ex.colon_index for ex in examples],
+        "overwrites": [list(ex.overwrites) for ex in examples],
+    }
+    table = pa.table(cols, schema=SCHEMA)
+    return table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+
+
+def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, examples) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "task": task,
+        "params": params,
+        "distractors": [int(n) for n in distractors],
+        "n_groups": int(n_groups),
+        "seed": int(seed),
+        "vocab_version": vocab.VOCAB_VERSION,
+        "vocab": list(vocab.TOKENS),
+        "n_examples": len(examples),
+        "content_hash": content_hash(examples),
+    }
+
+
+def write_atomic(table: pa.Table, out: Path) -> None:
+    """Write via a temporary file in the same folder and rename: never a partial file."""
+    atomic_write(Path(out), lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def atomic_write(out: Path, write) -> None:
+    """Call ``write(tmp_path)`` then rename onto ``out``; on any error remove the temp file."""
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: str | Path) -> Dataset:
+    """Load a dataset file; a clear error for a file that is not one of ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset not found: {path}")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for non-parquet input
+        raise ValueError(f"{path} is not a parquet dataset ({type(e).__name__})") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None or not set(SCHEMA.names) <= set(table.schema.names):
+        raise ValueError(f"{path} is not an fbt-probe dataset (missing metadata or columns)")
+    meta = json.loads(raw)
+    if meta.get("vocab_version") != vocab.VOCAB_VERSION or meta.get("vocab") != list(vocab.TOKENS):
+        raise ValueError(
+            f"{path} uses vocabulary v{meta.get('vocab_version')}, this fbt-probe has "
+            f"v{vocab.VOCAB_VERSION}; regenerate it"
+        )
+    d = table.to_pydict()
+    return Dataset(
+        meta=meta,
+        token_ids=[np.asarray(x, dtype=np.int64) for x in d["token_ids"]],
+        labels=[tuple(x) for x in d["labels"]],
+        group=np.asarray(d["group"], dtype=np.int64),
+        n_distractors=np.asarray(d["n_distractors"], dtype=np.int64),
+        colon_index=np.asarray(d["colon_index"], dtype=np.int64),
+        overwrites=[tuple(x) for x in d["overwrites"]],
+        text=d["text"],
+    )

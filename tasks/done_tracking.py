@@ -1,0 +1,80 @@
+"""done_tracking: ``<bos> NEED Nk <stream> : DONE|MORE``.
+
+``k`` steps are required; ``s`` count-free ``STEP`` events sit at random positions among
+the distractors; the label is DONE iff ``s >= k``. No running count is ever written, so
+next-token prediction cannot learn the count from a visible counter, and ``s`` is drawn
+right at the boundary (DONE: s in {k, k+1}; MORE: s in {k-1, k-2} where >= 0), so
+neither ``k`` alone nor ``s`` alone predicts the label.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks import vocab
+from tasks.base import (
+    STREAM_PROBE,
+    Example,
+    balanced_bits,
+    generate_groups,
+    interleave,
+    rng_for,
+)
+
+NAME = "done_tracking"
+LABELS = (vocab.MORE, vocab.DONE)
+
+
+@dataclass(frozen=True)
+class Params:
+    max_need: int = 4  # k is uniform in 1..max_need
+
+    def __post_init__(self):
+        if not 1 <= self.max_need <= len(vocab.COUNTS):
+            raise ValueError(f"max_need must be in 1..{len(vocab.COUNTS)}, got {self.max_need}")
+
+    def to_dict(self) -> dict:
+        return {"max_need": self.max_need}
+
+
+def draw_base(rng: np.random.Generator, done: int, params: Params) -> tuple[int, int]:
+    """(k, s) with label ``done``: s sits within two of the threshold."""
+    k = int(rng.integers(1, params.max_need + 1))
+    if done:
+        s = k + int(rng.integers(0, 2))
+    else:
+        s = k - 1 - int(rng.integers(0, min(2, k)))
+    return k, s
+
+
+def draw_bases(n_groups: int, seed: int, params: Params, stream: int) -> list[tuple[int, int]]:
+    rng = rng_for(seed, NAME, stream)
+    return [draw_base(rng, int(d), params) for d in balanced_bits(rng, n_groups)]
+
+
+def render(
+    base: tuple[int, int], n: int, rng: np.random.Generator, params: Params, group: int = 0
+) -> Example:
+    k, s = base
+    stream = interleave(rng, [(vocab.STEP,)] * s, n)
+    prompt = (vocab.BOS, vocab.NEED, vocab.COUNTS[k - 1], *stream, vocab.COLON)
+    return Example(NAME, group, n, prompt, (LABELS[int(s >= k)],))
+
+
+def generate(
+    n_groups: int,
+    distractors: tuple[int, ...],
+    seed: int,
+    params: Params = Params(),
+    stream: int = STREAM_PROBE,
+) -> list[Example]:
+    """``n_groups`` base instances, each rendered at every count in ``distractors``."""
+    return generate_groups(sys.modules[__name__], n_groups, distractors, seed, params, stream)
+
+
+def sample(rng: np.random.Generator, n: int, params: Params = Params()) -> Example:
+    base = draw_base(rng, int(rng.integers(0, 2)), params)
+    return render(base, n, rng, params, group=-1)

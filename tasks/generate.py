@@ -1,0 +1,59 @@
+"""Generate a task's dataset file: the library function behind ``fbt-probe generate``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tasks import get_task
+from tasks.base import DEFAULT_DISTRACTORS, STREAM_PROBE, check_counts, generate_groups
+from tasks.dataset import build_meta, to_table, write_atomic
+
+DEFAULT_N_GROUPS = 200
+DEFAULT_SEED = 1234
+
+
+def default_path(task: str) -> Path:
+    return Path("data") / f"{task}.parquet"
+
+
+def check_writable(out: Path, force: bool) -> None:
+    """Fail before any work if the output exists (without force) or cannot be written."""
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass --force to overwrite")
+    if out.exists() and out.is_dir():
+        raise IsADirectoryError(f"{out} is a directory")
+    parent = out.parent if str(out.parent) else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise PermissionError(f"cannot write to {parent}")
+
+
+def generate_dataset(
+    task: str,
+    out: str | Path | None = None,
+    n_groups: int = DEFAULT_N_GROUPS,
+    distractors: tuple[int, ...] = DEFAULT_DISTRACTORS,
+    seed: int = DEFAULT_SEED,
+    params: dict | None = None,
+    force: bool = False,
+    progress=None,
+) -> Path:
+    """Render ``n_groups`` base instances at every count and write a parquet file.
+
+    Same arguments give a byte-identical file. ``progress`` is an optional callable
+    ``(done, total)`` for a progress bar.
+    """
+    mod = get_task(task)
+    if n_groups < 1:
+        raise ValueError(f"--n-groups must be at least 1, got {n_groups}")
+    check_counts(distractors)
+    p = mod.Params(**(params or {}))
+    out = Path(out) if out is not None else default_path(task)
+    check_writable(out, force)
+    examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
+    meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples)
+    write_atomic(to_table(examples, meta), out)
+    return out

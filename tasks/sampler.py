@@ -1,0 +1,73 @@
+"""The training stream: endless, seeded examples from a mixture of tasks.
+
+Draws come from the ``STREAM_TRAIN`` seed stream, never the probe stream, so training
+data and probe datasets are disjoint by construction (a test checks it by content hash).
+Distractor counts follow a curriculum: ``n ~ U[0, n_max(step)]`` with ``n_max`` ramped
+linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks import get_task
+from tasks.base import MAX_DISTRACTORS, STREAM_TRAIN, Example, rng_for
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    start: int = 8
+    end: int = MAX_DISTRACTORS
+    ramp_frac: float = 0.3
+
+    def __post_init__(self):
+        if not 0 <= self.start <= self.end <= MAX_DISTRACTORS:
+            raise ValueError(f"curriculum needs 0 <= start <= end <= {MAX_DISTRACTORS}")
+        if not 0.0 <= self.ramp_frac <= 1.0:
+            raise ValueError("ramp_frac must be in [0, 1]")
+
+    def n_max(self, progress: float) -> int:
+        """Largest distractor count at training progress in [0, 1]."""
+        f = 1.0 if self.ramp_frac == 0 else min(1.0, progress / self.ramp_frac)
+        return int(round(self.start + f * (self.end - self.start)))
+
+
+@dataclass
+class TrainingStream:
+    """``for ex in stream.examples(progress_fn)``: endless examples, reproducible by seed."""
+
+    mixture: dict[str, float]
+    seed: int = 0
+    curriculum: Curriculum = field(default_factory=Curriculum)
+    params: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.mixture or any(w < 0 for w in self.mixture.values()):
+            raise ValueError("mixture needs at least one task and non-negative weights")
+        total = sum(self.mixture.values())
+        if total <= 0:
+            raise ValueError("mixture weights sum to zero")
+        self._names = list(self.mixture)
+        self._probs = np.array([self.mixture[n] / total for n in self._names])
+        self._mods = [get_task(n) for n in self._names]
+        self._params = [m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)]
+
+    def batch(self, index: int, size: int, progress: float) -> list[Example]:
+        """Batch number ``index``: a pure function of (seed, index, size, progress)."""
+        rng = rng_for(self.seed, "mixture", STREAM_TRAIN, index)
+        n_max = self.curriculum.n_max(progress)
+        out = []
+        for _ in range(size):
+            i = int(rng.choice(len(self._names), p=self._probs))
+            n = int(rng.integers(0, n_max + 1))
+            out.append(self._mods[i].sample(rng, n, self._params[i]))
+        return out
+
+    def examples(self, progress: float = 1.0) -> Iterator[Example]:
+        i = 0
+        while True:
+            yield from self.batch(i, 64, progress)
+            i += 1
