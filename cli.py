@@ -26,7 +26,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Probe latent feedback in full-bandwidth transformers.
@@ -75,8 +74,12 @@ def generate(
         "--distractors",
         help="Distractor counts: a list '0,1,4', a range '0-16', or 'default' (0,1,2,4,...,256).",
     ),
-    seed: int = typer.Option(1234, "--seed", help="Seed; same arguments and seed give the same bytes."),
-    out: Path = typer.Option(None, "--out", "-o", help="Output file (default data/<task>.parquet)."),
+    seed: int = typer.Option(
+        1234, "--seed", help="Seed; same arguments and seed give the same bytes."
+    ),
+    out: Path = typer.Option(
+        None, "--out", "-o", help="Output file (default data/<task>.parquet)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
     """Write a self-describing dataset (parquet) of one synthetic task."""

@@ -53,7 +53,9 @@ class TrainingStream:
         self._names = list(self.mixture)
         self._probs = np.array([self.mixture[n] / total for n in self._names])
         self._mods = [get_task(n) for n in self._names]
-        self._params = [m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)]
+        self._params = [
+            m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)
+        ]
 
     def batch(self, index: int, size: int, progress: float) -> list[Example]:
         """Batch number ``index``: a pure function of (seed, index, size, progress)."""

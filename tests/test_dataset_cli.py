@@ -32,14 +32,19 @@ def test_generate_is_byte_identical(tmp_path, monkeypatch):
     r = runner.invoke(app, ["generate", "--task", "delayed_memory", "--force"])
     assert r.exit_code == 0
     assert sha(tmp_path / "data/delayed_memory.parquet") == first
-    r = runner.invoke(app, ["generate", "--task", "delayed_memory", "--out", "b.parquet", "--seed", "5"])
+    r = runner.invoke(
+        app, ["generate", "--task", "delayed_memory", "--out", "b.parquet", "--seed", "5"]
+    )
     assert sha(tmp_path / "b.parquet") != first
 
 
 @pytest.mark.parametrize("task", tasks.TASK_NAMES)
 def test_file_loads_with_documented_schema(tmp_path, task):
     out = tmp_path / f"{task}.parquet"
-    r = runner.invoke(app, ["generate", "-t", task, "--n-groups", "30", "--distractors", "0,1,16,256", "-o", str(out)])
+    r = runner.invoke(
+        app,
+        ["generate", "-t", task, "--n-groups", "30", "--distractors", "0,1,16,256", "-o", str(out)],
+    )
     assert r.exit_code == 0, r.output
     assert pq.read_schema(out).remove_metadata().equals(SCHEMA)
     ds = load(out)
@@ -127,7 +132,9 @@ def test_training_stream_is_seeded_and_disjoint_from_probe_data():
 
 def test_curriculum_ramps():
     c = Curriculum(start=8, end=256, ramp_frac=0.5)
-    assert c.n_max(0.0) == 8 and c.n_max(0.25) == 132 and c.n_max(0.5) == 256 and c.n_max(1.0) == 256
+    assert (
+        c.n_max(0.0) == 8 and c.n_max(0.25) == 132 and c.n_max(0.5) == 256 and c.n_max(1.0) == 256
+    )
     s = TrainingStream({"delayed_memory": 1.0}, seed=0, curriculum=c)
     assert max(ex.n_distractors for ex in s.batch(0, 200, 0.0)) <= 8
     ns = np.array([ex.n_distractors for ex in s.batch(1, 400, 1.0)])

@@ -101,7 +101,9 @@ def test_distractors_never_change_the_label(task, seed, n, mode):
 
 
 @settings(max_examples=60, deadline=None)
-@given(task=st.sampled_from(tasks.TASK_NAMES), seed=st.integers(0, 2**31 - 1), n=st.integers(0, 256))
+@given(
+    task=st.sampled_from(tasks.TASK_NAMES), seed=st.integers(0, 2**31 - 1), n=st.integers(0, 256)
+)
 def test_colon_unique_and_after_all_label_information(task, seed, n):
     ex = tasks.get_task(task).generate(1, (n,), seed=seed)[0]
     words = list(ex.tokens)
@@ -115,7 +117,10 @@ def test_colon_unique_and_after_all_label_information(task, seed, n):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), counts=st.lists(st.integers(0, 256), min_size=1, max_size=5, unique=True))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    counts=st.lists(st.integers(0, 256), min_size=1, max_size=5, unique=True),
+)
 def test_groups_same_label_whatever_counts_are_requested(seed, counts):
     for task in tasks.TASK_NAMES:
         a = tasks.get_task(task).generate(6, tuple(counts), seed=seed)

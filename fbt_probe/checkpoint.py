@@ -1,0 +1,105 @@
+"""Model folders: ``model.safetensors`` + ``config.json`` + ``meta.json`` (hash, versions).
+
+A folder whose config is invalid, whose tensors do not match the config, or whose weights
+file does not match its recorded hash fails to load with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from fbt_probe import __version__
+from fbt_probe.config import FBTConfig
+from fbt_probe.model import FBTModel
+from tasks import vocab
+
+WEIGHTS, CONFIG, META = "model.safetensors", "config.json", "meta.json"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_hash(model: FBTModel) -> str:
+    """A hash of the config and every weight: names results and extraction caches."""
+    h = hashlib.sha256(json.dumps(model.cfg.to_dict(), sort_keys=True).encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = None) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = folder / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "fbt-probe"})
+    tmp.replace(folder / WEIGHTS)
+    (folder / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    meta = {
+        "fbt_probe_version": __version__,
+        "vocab_version": vocab.VOCAB_VERSION,
+        "weights_sha256": file_sha256(folder / WEIGHTS),
+        "model_hash": model_hash(model),
+        **(extra_meta or {}),
+    }
+    (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def load_model(folder: str | Path, device: str | torch.device = "cpu") -> FBTModel:
+    """Load a model folder; clear errors for anything missing, corrupted or mismatched."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder not found: {folder}")
+    for name in (WEIGHTS, CONFIG):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder} is not a model folder: {name} is missing")
+    try:
+        cfg = FBTConfig.from_dict(json.loads((folder / CONFIG).read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{folder / CONFIG} is not valid JSON ({e.msg})") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{folder / CONFIG}: {e}") from None
+    if cfg.vocab_version != vocab.VOCAB_VERSION:
+        raise ValueError(
+            f"{folder} was trained on vocabulary v{cfg.vocab_version}, this fbt-probe has v{vocab.VOCAB_VERSION}"
+        )
+    meta_path = folder / META
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        want = meta.get("weights_sha256")
+        if want and file_sha256(folder / WEIGHTS) != want:
+            raise ValueError(f"{folder / WEIGHTS} is corrupted: its hash differs from meta.json")
+    try:
+        tensors = load_file(str(folder / WEIGHTS), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(
+            f"{folder / WEIGHTS} cannot be read as safetensors ({str(e).splitlines()[0]})"
+        ) from None
+    model = FBTModel(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}: weights do not match config.json (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    for k, v in tensors.items():
+        if v.shape != expected[k].shape:
+            raise ValueError(
+                f"{folder}: tensor {k} has shape {tuple(v.shape)}, config.json implies {tuple(expected[k].shape)}"
+            )
+    model.load_state_dict(tensors)
+    return model.to(device).eval()

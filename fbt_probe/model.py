@@ -1,0 +1,401 @@
+"""The full-bandwidth transformer: a hooked decoder whose top state feeds back into its input.
+
+Read top to bottom: rotary attention, MLP, block, then ``FBTModel`` with its multi-pass
+(Jacobi) forward and per-pass caches. Sequential recurrence and decoding, which use the
+KV cache, live in ``recurrence.py`` and ``decode.py``.
+
+Hook names follow TransformerLens (``hook_embed``, ``blocks.{l}.hook_resid_pre``,
+``blocks.{l}.attn.hook_pattern``, ``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized``)
+plus the feedback's own: ``fusion.hook_state``, ``fusion.hook_gate``, ``fusion.hook_fused``.
+A multi-pass forward fires every hook once per pass; ``run_with_pass_caches`` keys the
+activations by pass so that pass 2 never overwrites pass 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from fbt_probe.config import FBTConfig
+from fbt_probe.fusion import Fusion, RMSNorm
+
+
+class KVCache:
+    """Keys and values of every layer for positions [0, length), preallocated to ``max_len``."""
+
+    def __init__(self, cfg: FBTConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
+        if max_len > cfg.n_ctx:
+            raise ValueError(f"sequence of {max_len} tokens exceeds the context length {cfg.n_ctx}")
+        shape = (cfg.n_layers, batch, cfg.n_heads, max_len, cfg.d_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+        self.max_len = max_len
+
+
+def rotary_tables(cfg: FBTConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (n_ctx, d_head) for rotate-half rotary embeddings."""
+    half = cfg.d_head // 2
+    inv = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) / half)
+    ang = torch.arange(cfg.n_ctx, dtype=torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().float().to(device), ang.sin().float().to(device)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, heads, pos, d_head); cos/sin: (pos, d_head)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: FBTConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+        self.W_Q = nn.Parameter(torch.empty(h * dh, d))
+        self.W_K = nn.Parameter(torch.empty(h * dh, d))
+        self.W_V = nn.Parameter(torch.empty(h * dh, d))
+        self.W_O = nn.Parameter(torch.empty(d, h * dh))
+        self.hook_q = HookPoint()  # (batch, pos, head, d_head)
+        self.hook_k = HookPoint()  # (batch, pos, head, d_head)
+        self.hook_v = HookPoint()  # (batch, pos, head, d_head)
+        self.hook_pattern = (
+            HookPoint()
+        )  # (batch, head, query_pos, key_pos); computed only if hooked
+        self.hook_pattern.pos_dim = 2
+        self.hook_z = HookPoint()  # (batch, pos, head, d_head)
+
+    def forward(self, x, rope, offset: int, cache: KVCache | None, layer: int) -> torch.Tensor:
+        """x: (batch, pos, d_model) for positions [offset, offset + pos)."""
+        B, T, _ = x.shape
+        H, dh = self.cfg.n_heads, self.cfg.d_head
+        q = self.hook_q((x @ self.W_Q.T).view(B, T, H, dh)).transpose(1, 2)
+        k = self.hook_k((x @ self.W_K.T).view(B, T, H, dh)).transpose(1, 2)
+        v = self.hook_v((x @ self.W_V.T).view(B, T, H, dh)).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope[0][offset : offset + T], rope[1][offset : offset + T]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            cache.k[layer, :, :, offset : offset + T] = k
+            cache.v[layer, :, :, offset : offset + T] = v
+            k, v = cache.k[layer, :, :, : offset + T], cache.v[layer, :, :, : offset + T]
+        S = k.shape[2]
+        if self.hook_pattern.fwd_hooks:  # explicit pattern only when someone looks at it
+            scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
+            mask = (
+                torch.arange(S, device=x.device)[None, :]
+                > (offset + torch.arange(T, device=x.device))[:, None]
+            )
+            pattern = self.hook_pattern(scores.masked_fill(mask, float("-inf")).softmax(-1))
+            z = pattern @ v
+        elif S == T:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:
+            z = F.scaled_dot_product_attention(q, k, v)
+        else:
+            keep = (
+                torch.arange(S, device=x.device)[None, :]
+                <= (offset + torch.arange(T, device=x.device))[:, None]
+            )
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, d_head)
+        return z.reshape(B, T, H * dh) @ self.W_O.T
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: FBTConfig):
+        super().__init__()
+        self.W_in = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.hook_pre = HookPoint()  # (batch, pos, d_mlp)
+        self.hook_post = HookPoint()  # (batch, pos, d_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_post(F.gelu(self.hook_pre(x @ self.W_in.T))) @ self.W_out.T
+
+
+class Block(nn.Module):
+    """Pre-norm block; each branch output is scaled by ``residual_scale`` (depth scaling)."""
+
+    def __init__(self, cfg: FBTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.scale = cfg.residual_scale
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.hook_resid_pre = HookPoint()  # (batch, pos, d_model)
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x, rope, offset: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        a = self.hook_attn_out(self.attn(self.ln1(x), rope, offset, cache, self.layer) * self.scale)
+        x = self.hook_resid_mid(x + a)
+        m = self.hook_mlp_out(self.mlp(self.ln2(x)) * self.scale)
+        return self.hook_resid_post(x + m)
+
+
+class FinalNorm(RMSNorm):
+    def __init__(self, d: int, eps: float):
+        super().__init__(d, eps)
+        self.hook_normalized = HookPoint()  # (batch, pos, d_model): the top state h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_normalized(super().forward(x))
+
+
+@dataclass
+class PassOutput:
+    """One pass: logits (batch, pos, d_vocab) and top states h (batch, pos, d_model)."""
+
+    logits: torch.Tensor
+    states: torch.Tensor
+
+
+@dataclass
+class MultiPassOutput:
+    passes: list[PassOutput]
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Logits of the last pass: (batch, pos, d_vocab)."""
+        return self.passes[-1].logits
+
+    @property
+    def states(self) -> torch.Tensor:
+        return self.passes[-1].states
+
+
+class FBTModel(HookedRootModule):
+    """Full-bandwidth transformer with TransformerLens hooks on every component."""
+
+    def __init__(self, cfg: FBTConfig, seed: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))  # tied with the unembedding
+        self.hook_embed = HookPoint()  # (batch, pos, d_model): e_t
+        self.fusion = Fusion(cfg)
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.ln_final = FinalNorm(cfg.d_model, cfg.norm_eps)
+        if cfg.positional == "rotary":
+            cos, sin = rotary_tables(cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self._pass = 0  # which pass the hooks are firing for (read by the caching hooks)
+        self._offset = 0  # first position of the chunk being computed
+        self.init_weights(seed)
+        self.setup()
+
+    # ---- weights -------------------------------------------------------------------
+    def init_weights(self, seed: int | None = None) -> None:
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_std
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".w"):
+                    p.fill_(1.0)
+                elif name == "W_E":
+                    # tied: inputs are scaled by sqrt(d_model), logits read h @ W_E^T
+                    p.normal_(0.0, self.cfg.d_model**-0.5, generator=g)
+                else:
+                    p.normal_(0.0, std, generator=g)
+
+    @property
+    def rope(self):
+        return (self.rope_cos, self.rope_sin) if self.cfg.positional == "rotary" else None
+
+    # ---- pieces --------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, pos) -> e (batch, pos, d_model)."""
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+            raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
+        return self.hook_embed(self.W_E[tokens] * math.sqrt(self.cfg.d_model))
+
+    def stack(self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> PassOutput:
+        """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos)."""
+        self._offset = offset
+        if offset + x.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
+            )
+        rope = self.rope
+        for block in self.blocks:
+            x = block(x, rope, offset, cache)
+        h = self.ln_final(x)
+        if cache is not None:
+            cache.length = offset + x.shape[1]
+        return PassOutput(logits=h @ self.W_E.T, states=h)
+
+    def fuse(
+        self, prev_states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Block-0 input of a feedback pass.
+
+        prev_states: (batch, pos, d_model), the state h_{t-1} *already aligned* with emb;
+        plain: (batch, pos) bool, positions that keep their plain embedding.
+        """
+        if self.cfg.fusion == "none":
+            return emb
+        if self.training and self.cfg.jitter > 0:
+            prev_states = prev_states + (torch.rand_like(prev_states) * 2 - 1) * self.cfg.jitter
+        fused = self.fusion(prev_states, emb)
+        return fused if plain is None else torch.where(plain[..., None], emb, fused)
+
+    @staticmethod
+    def plain_mask(batch: int, T: int, prefix_len, device, offset: int = 0) -> torch.Tensor:
+        """(batch, T) bool: position < max(1, prefix_len) keeps its plain embedding."""
+        p = torch.ones(batch, dtype=torch.long, device=device)
+        if prefix_len is not None:
+            p = torch.as_tensor(prefix_len, device=device).long().expand(batch).clamp(min=1)
+        return (offset + torch.arange(T, device=device))[None, :] < p[:, None]
+
+    # ---- multi-pass forward ----------------------------------------------------------
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        passes: int = 1,
+        prefix_len: torch.Tensor | int | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> MultiPassOutput:
+        """tokens (batch, pos). Pass 1 runs on plain embeddings; pass k fuses pass k-1's top
+        states, shifted right by one position, into every position t >= max(1, prefix_len).
+
+        Batches are right-padded: attention is causal, so padding never reaches a real
+        position; ``lengths`` (batch,) only zeroes the states of padded positions.
+        Pass k is one Jacobi step of the sequential recurrence: positions < k equal it.
+        """
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        emb = self.embed(tokens)
+        plain = self.plain_mask(B, T, prefix_len, tokens.device)
+        valid = None
+        if lengths is not None:
+            valid = (
+                torch.arange(T, device=tokens.device)[None, :]
+                < torch.as_tensor(lengths, device=tokens.device)[:, None]
+            )
+        outs: list[PassOutput] = []
+        x = emb
+        for k in range(passes):
+            self._pass = k
+            out = self.stack(x)
+            if valid is not None:
+                out = PassOutput(out.logits, out.states * valid[..., None])
+            outs.append(out)
+            if k + 1 < passes:
+                shifted = F.pad(out.states[:, :-1], (0, 0, 1, 0))  # h_{t-1} at position t
+                x = self.fuse(shifted, emb, plain)
+        self._pass = 0
+        return MultiPassOutput(outs)
+
+    # ---- caching -----------------------------------------------------------------
+    def run_with_cache(self, *args, passes: int = 1, **kwargs):
+        if passes != 1:
+            raise ValueError(
+                "run_with_cache keeps one activation per hook and would let pass 2 "
+                "overwrite pass 1: use run_with_pass_caches(tokens, passes=k)"
+            )
+        return super().run_with_cache(*args, **kwargs)
+
+    def run_with_pass_caches(
+        self,
+        tokens: torch.Tensor,
+        passes: int = 1,
+        names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
+        positions: torch.Tensor | None = None,
+        prefix_len=None,
+        lengths=None,
+    ) -> tuple[MultiPassOutput, list[ActivationCache]]:
+        """Forward with ``passes`` passes; one ``ActivationCache`` per pass (index 0 = pass 1).
+
+        positions: (batch,) or (batch, n) indices: keep only those positions, so memory is
+        O(batch x n x hooks x d_model). A cached tensor then has shape (batch, [n,] ...).
+        """
+        cap = PositionCapture(self, names_filter, positions, passes)
+        with self.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
+            out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths)
+        return out, cap.caches()
+
+
+class PositionCapture:
+    """A caching hook that files activations by pass and keeps only chosen positions."""
+
+    def __init__(
+        self, model: FBTModel, names_filter, positions: torch.Tensor | None, n_passes: int
+    ):
+        self.model = model
+        if names_filter is None:
+            self.filter = lambda name: True
+        elif isinstance(names_filter, str):
+            self.filter = lambda name: name == names_filter
+        elif callable(names_filter):
+            self.filter = names_filter
+        else:
+            allowed = set(names_filter)
+            self.filter = lambda name: name in allowed
+        self.squeeze = positions is not None and positions.ndim == 1
+        self.positions = (
+            None
+            if positions is None
+            else (positions[:, None] if self.squeeze else positions).long()
+        )
+        self.store: list[dict[str, object]] = [{} for _ in range(n_passes)]
+
+    def hook(self, tensor: torch.Tensor, hook: HookPoint) -> None:
+        name, k = hook.name, self.model._pass
+        t = tensor.detach()
+        pos_dim = 2 if name.endswith("hook_pattern") else 1
+        if self.positions is None:
+            self.store[k].setdefault(name, []).append(t)
+            return
+        if name.endswith("hook_pattern") and t.shape[2] != t.shape[3]:
+            raise ValueError(
+                "hook_pattern at chosen positions is only available in multi-pass forwards"
+            )
+        pos = self.positions.to(t.device)
+        offset = 0 if name == "hook_embed" else self.model._offset
+        idx = pos - offset
+        ok = (idx >= 0) & (idx < t.shape[pos_dim])
+        buf = self.store[k].get(name)
+        if buf is None:
+            shape = list(t.shape)
+            shape[pos_dim] = pos.shape[1]
+            buf = torch.zeros(shape, dtype=t.dtype, device=t.device)
+            self.store[k][name] = buf
+        b_i, j_i = ok.nonzero(as_tuple=True)
+        if len(b_i) == 0:
+            return
+        src = idx[b_i, j_i]
+        if pos_dim == 1:
+            buf[b_i, j_i] = t[b_i, src]
+        else:
+            buf[b_i, :, j_i] = t[b_i, :, src]
+
+    def caches(self) -> list[ActivationCache]:
+        out = []
+        for d in self.store:
+            final = {}
+            for name, v in d.items():
+                if isinstance(v, list):
+                    pos_dim = 2 if name.endswith("hook_pattern") else 1
+                    v = v[0] if len(v) == 1 else torch.cat(v, dim=pos_dim)
+                elif self.squeeze:
+                    v = v.select(2 if name.endswith("hook_pattern") else 1, 0)
+                final[name] = v
+            out.append(ActivationCache(final, self.model))
+        return out

@@ -1,0 +1,59 @@
+"""The exact sequential recurrence: every position fused with the previous position's top
+state from the same computation, one position at a time through the KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformer_lens import ActivationCache
+
+from fbt_probe.model import FBTModel, KVCache, PassOutput, PositionCapture
+
+
+def run_recurrence(
+    model: FBTModel,
+    tokens: torch.Tensor,
+    prefix_len=None,
+    cache: KVCache | None = None,
+) -> PassOutput:
+    """tokens (batch, pos) -> logits (batch, pos, d_vocab) and states (batch, pos, d_model).
+
+    Position t < max(1, prefix_len) is plain; every later position's input is
+    ``fuse(h_{t-1}, e_t)`` with h_{t-1} from this same recurrence. Batched over examples;
+    right padding is harmless (causal). ``cache`` (optional) is filled for decoding.
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
+    B, T = tokens.shape
+    cache = cache if cache is not None else KVCache(model.cfg, B, T, device=tokens.device)
+    model._pass = 0
+    model._offset = 0
+    emb = model.embed(tokens)
+    plain = model.plain_mask(B, T, prefix_len, tokens.device)
+    logits, states = [], []
+    h_prev = None
+    for t in range(T):
+        x = emb[:, t : t + 1]
+        if h_prev is not None and not bool(plain[:, t].all()):
+            x = model.fuse(h_prev, x, plain[:, t : t + 1])
+        out = model.stack(x, offset=t, cache=cache)
+        h_prev = out.states
+        logits.append(out.logits)
+        states.append(out.states)
+    return PassOutput(torch.cat(logits, dim=1), torch.cat(states, dim=1))
+
+
+def run_recurrence_with_cache(
+    model: FBTModel,
+    tokens: torch.Tensor,
+    names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
+    positions: torch.Tensor | None = None,
+    prefix_len=None,
+) -> tuple[PassOutput, ActivationCache]:
+    """The recurrence with an ``ActivationCache``; ``positions`` (batch,) keeps one position
+    per example (e.g. the colon), so memory does not grow with the sequence length."""
+    cap = PositionCapture(model, names_filter, positions, 1)
+    with model.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
+        out = run_recurrence(model, tokens, prefix_len=prefix_len)
+    return out, cap.caches()[0]
