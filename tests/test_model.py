@@ -141,14 +141,15 @@ def test_pass_two_block_zero_input_by_hand(model):
 def test_position_cache_equals_full_cache_slice(model):
     t = toks(B=4, T=10)
     pos = torch.tensor([2, 9, 0, 5])
-    names = lambda n: (
-        n.endswith("hook_resid_pre") or n.endswith("hook_pattern") or n.startswith("fusion")
-    )  # noqa: E731
+
+    def names(n):
+        return n.endswith(("hook_resid_pre", "hook_pattern")) or n.startswith("fusion")
+
     _, full = model.run_with_pass_caches(t, passes=3, names_filter=names)
     _, small = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos)
     b = torch.arange(4)
     for k in range(3):
-        for name in full.keys() if hasattr(full, "keys") else full[k].keys():
+        for name in full[k].keys():
             if name.endswith("hook_pattern"):
                 torch.testing.assert_close(small[k][name], full[k][name][b, :, pos])
             else:
