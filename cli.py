@@ -95,6 +95,261 @@ def generate(
     typer.echo(f"wrote {path} ({n_groups} groups x {len(counts)} distractor counts)")
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``key=value`` pairs; values parsed as JSON when they can be (numbers, lists, true)."""
+    import json
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+@app.command()
+@user_errors
+def train(
+    config: str = typer.Option(
+        "default",
+        "--config",
+        "-c",
+        help="A named recipe (default, paper, no-three-pass, additive, tiny) or a JSON file of TrainConfig.",
+    ),
+    out: Path = typer.Option(None, "--out", "-o", help="Run folder (default runs/<config name>)."),
+    overrides: list[str] = typer.Option(
+        None,
+        "--set",
+        help="Override a field, e.g. --set steps=500 --set model.d_model=64 (repeatable).",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its last checkpoint."
+    ),
+    as_default: bool = typer.Option(
+        False, "--as-default", help="Afterwards, install the result as the built-in default model."
+    ),
+) -> None:
+    """Train a full-bandwidth model with the multi-pass objective (writes a run folder)."""
+    import json
+
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.train import Divergence, TrainConfig, named_config
+    from fbt_probe.train import train as run_train
+
+    path = Path(config)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        try:
+            cfg = TrainConfig.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e.msg})") from None
+    else:
+        cfg = named_config(config)
+    cfg = cfg.with_overrides(parse_overrides(overrides))
+    out = out or Path("runs") / cfg.name
+    with lazy_progress(f"train {cfg.name}", cfg.steps, delay=0.0) as bar:
+        try:
+            metrics = run_train(
+                cfg, out, resume=resume, progress=bar, argv=["fbt-probe", *sys.argv[1:]]
+            )
+        except Divergence as e:
+            fail(str(e))
+    ev = metrics["final_eval"]
+    typer.echo(
+        f"trained {metrics['steps_done']}/{cfg.steps} steps into {out}; held-out answer accuracy (teacher-forced):"
+    )
+    for k, v in ev.items():
+        typer.echo(f"  {k}: {v:.3f}")
+    if as_default:
+        from fbt_probe.registry import install_default
+
+        typer.echo(f"installed as the default model: {install_default(out)}")
+
+
+@app.command("eval")
+@user_errors
+def eval_(
+    model: str = typer.Option("default", "--model", "-m", help="'default' or a model/run folder."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print one JSON object {task: {mode: {count: acc}}}."
+    ),
+    tasks_: str = typer.Option("all", "--task", "-t", help="A task name or 'all'."),
+    modes: str = typer.Option(
+        "standard,soft,fused,full", "--modes", help="Decoding modes, comma-separated."
+    ),
+    n_groups: int = typer.Option(
+        48, "--n-groups", help="Held-out base instances per task (x 10 counts)."
+    ),
+) -> None:
+    """Answer accuracy on held-out data per task x decoding mode x distractor count."""
+    import json
+
+    from fbt_probe.evaluate import evaluate
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.registry import resolve_model
+    from tasks import TASK_NAMES, get_task
+
+    task_list = TASK_NAMES if tasks_ == "all" else tuple(t.strip() for t in tasks_.split(","))
+    for t in task_list:
+        get_task(t)
+    if n_groups < 5:
+        raise ValueError("--n-groups must be at least 5")
+    mode_list = tuple(m.strip() for m in modes.split(","))
+    m, name = resolve_model(model)
+    with lazy_progress("eval", len(task_list) * len(mode_list)) as bar:
+        summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, progress=bar)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(f"model: {name}  (exact-match answer accuracy; 1-256 = pooled over counts 1..256)")
+    for task, by_mode in summary.items():
+        counts = [k for k in next(iter(by_mode.values())) if k != "1-256"]
+        typer.echo(f"\n{task}")
+        typer.echo("  mode      1-256  " + " ".join(f"{c:>5}" for c in counts))
+        for mode, row in by_mode.items():
+            extra = ""
+            if len(per_reg[task][mode]) > 1:
+                extra = "  per register: " + " ".join(f"{a:.3f}" for a in per_reg[task][mode])
+            typer.echo(
+                f"  {mode:<8} {row['1-256']:.3f}  "
+                + " ".join(f"{row[c]:.3f}"[-5:] for c in counts)
+                + extra
+            )
+
+
+@app.command()
+@user_errors
+def fit(
+    prefill: str = typer.Option(
+        "all", "--prefill", "-p", help="standard, recurrent, full, all, or k<N> (N Jacobi passes)."
+    ),
+    task: str = typer.Option("all", "--task", "-t", help="A task name or 'all'."),
+    model: str = typer.Option("default", "--model", "-m", help="'default' or a model/run folder."),
+    data: Path = typer.Option(
+        None,
+        "--data",
+        help="A dataset file (its task is used); default data/<task>.parquet, generated if absent.",
+    ),
+    out: Path = typer.Option(Path("results"), "--out", "-o", help="Results folder."),
+    passes: int = typer.Option(None, "--passes", help="Also probe k-step Jacobi prefill (pass k)."),
+    seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and control seed."),
+    folds: int = typer.Option(5, "--folds", help="Grouped CV folds."),
+    no_controls: bool = typer.Option(
+        False, "--no-controls", help="Skip the random-init and permuted-label controls."
+    ),
+) -> None:
+    """Fit group-cross-validated linear probes at the colon, at every depth and prefill."""
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.registry import resolve_model
+    from probes.results import format_layer0, layer0_table
+    from probes.run import run_fit
+    from tasks import TASK_NAMES, get_task
+    from tasks.dataset import load
+
+    prefills = (
+        ("standard", "recurrent", "full")
+        if prefill == "all"
+        else tuple(p.strip() for p in prefill.split(","))
+    )
+    if passes is not None:
+        if passes < 1:
+            raise ValueError("--passes must be >= 1")
+        prefills = prefills + (f"k{passes}",)
+    data_map = None
+    if data is not None:
+        ds_task = load(data).task
+        if task not in ("all", ds_task):
+            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
+        task_list, data_map = (ds_task,), {ds_task: data}
+    else:
+        task_list = TASK_NAMES if task == "all" else (task,)
+    for t in task_list:
+        get_task(t)
+    if folds < 2:
+        raise ValueError("--folds must be at least 2")
+    m, name = resolve_model(model)
+    with lazy_progress("fit", 1) as bar:
+        df = run_fit(
+            m,
+            name,
+            task_list,
+            prefills,
+            data_map,
+            out,
+            seed=seed,
+            folds=folds,
+            controls=not no_controls,
+            progress=bar,
+        )
+    typer.echo(f"wrote {out / 'probe_results.csv'} ({len(df)} rows) and probe_results.json")
+    typer.echo("\nlayer 0 at the colon, pooled over distractor counts 1..256:")
+    typer.echo(format_layer0(layer0_table(df)))
+
+
+@app.command()
+@user_errors
+def plot(
+    results: Path = typer.Option(
+        Path("results"), "--results", "-r", help="Folder holding probe_results.csv."
+    ),
+    out: Path = typer.Option(
+        None, "--out", "-o", help="Figure folder (default <results>/figures)."
+    ),
+) -> None:
+    """Draw accuracy heatmaps and depth curves (PNG and PDF) from probe_results.csv."""
+    from probes.plot import plot_all
+
+    drawn = plot_all(results, out)
+    n = sum(len(v) for v in drawn.values())
+    typer.echo(f"drew {n} panels into {out or results / 'figures'}")
+
+
+@app.command()
+@user_errors
+def reproduce(
+    out: Path = typer.Option(
+        Path("results"), "--out", "-o", help="Results folder (CSV, JSON, figures, report.md)."
+    ),
+    train_first: bool = typer.Option(
+        False, "--train", help="Retrain the default model first (about 20 minutes)."
+    ),
+) -> None:
+    """generate -> fit (all prefills, all tasks, controls) -> plot -> report, on the default model."""
+    import time
+
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.registry import install_default, resolve_model
+    from probes.plot import plot_all
+    from probes.report import write_report
+    from probes.results import format_layer0, layer0_table
+    from probes.run import run_fit
+
+    t0 = time.monotonic()
+    if train_first:
+        from fbt_probe.train import named_config
+        from fbt_probe.train import train as run_train
+
+        cfg = named_config("default")
+        run_dir = Path("runs") / f"default-{time.strftime('%Y%m%d-%H%M%S')}"
+        with lazy_progress("train default", cfg.steps, delay=0.0) as bar:
+            run_train(cfg, run_dir, progress=bar, argv=["fbt-probe", *sys.argv[1:]])
+        install_default(run_dir)
+    model, name = resolve_model("default")
+    with lazy_progress("fit", 1, delay=0.0) as bar:
+        df = run_fit(model, name, out_dir=out, progress=bar)
+    plot_all(out)
+    report = write_report(out)
+    typer.echo(format_layer0(layer0_table(df)))
+    typer.echo(
+        f"\nwrote {out / 'probe_results.csv'}, figures in {out / 'figures'}, report {report} ({time.monotonic() - t0:.0f} s)"
+    )
+
+
 def main() -> None:
     """Console entry point: usage errors also become one line."""
     try:

@@ -206,10 +206,7 @@ class FBTModel(HookedRootModule):
             for name, p in self.named_parameters():
                 if name.endswith(".w"):
                     p.fill_(1.0)
-                elif name == "W_E":
-                    # tied: inputs are scaled by sqrt(d_model), logits read h @ W_E^T
-                    p.normal_(0.0, self.cfg.d_model**-0.5, generator=g)
-                else:
+                else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
 
     @property

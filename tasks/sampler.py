@@ -43,6 +43,7 @@ class TrainingStream:
     seed: int = 0
     curriculum: Curriculum = field(default_factory=Curriculum)
     params: dict[str, dict] = field(default_factory=dict)
+    width: int = 16  # spread of distractor counts within one batch
 
     def __post_init__(self):
         if not self.mixture or any(w < 0 for w in self.mixture.values()):
@@ -62,9 +63,14 @@ class TrainingStream:
         rng = rng_for(self.seed, "mixture", STREAM_TRAIN, index)
         n_max = self.curriculum.n_max(progress)
         out = []
+        # One distractor count per batch (each example within +-width/2 of it): batches of
+        # similar lengths waste little on padding, and over steps n still covers [0, n_max].
+        center = int(rng.integers(0, n_max + 1))
+        lo = max(0, center - self.width // 2)
+        hi = min(n_max, lo + self.width)
         for _ in range(size):
             i = int(rng.choice(len(self._names), p=self._probs))
-            n = int(rng.integers(0, n_max + 1))
+            n = int(rng.integers(lo, hi + 1))
             out.append(self._mods[i].sample(rng, n, self._params[i]))
         return out
 

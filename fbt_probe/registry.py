@@ -1,0 +1,52 @@
+"""The built-in default model and how ``--model`` names a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fbt_probe.checkpoint import load_model
+from fbt_probe.model import FBTModel
+
+DEFAULTS = Path(__file__).resolve().parent / "defaults"
+DEFAULT_MODEL_DIR = DEFAULTS / "default"
+
+
+def resolve_model(spec: str | Path | None) -> tuple[FBTModel, str]:
+    """``default`` (or None) -> the packaged default; otherwise a model folder (a training
+    run folder works too: its ``model/`` subfolder is used). Returns (model, description)."""
+    if spec is None or str(spec) == "default":
+        if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"the built-in default model is missing from {DEFAULT_MODEL_DIR}; "
+                "train it with 'fbt-probe train' or pass --model DIR"
+            )
+        return load_model(DEFAULT_MODEL_DIR), "default"
+    path = Path(spec)
+    if (path / "model" / "model.safetensors").is_file() and not (
+        path / "model.safetensors"
+    ).is_file():
+        path = path / "model"
+    return load_model(path), str(path)
+
+
+def random_init_like(model: FBTModel, seed: int = 0) -> FBTModel:
+    """A random-init model of the same config: the control every probe is compared to."""
+    return FBTModel(model.cfg, seed=seed).eval()
+
+
+def install_default(run_dir: str | Path) -> Path:
+    """Copy a finished run's model (with its metrics and config) into the package default."""
+    import shutil
+
+    run = Path(run_dir)
+    src = run / "model"
+    if not (src / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{run} has no trained model/ folder")
+    load_model(src)  # refuse to install anything that does not load
+    DEFAULT_MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        shutil.copy2(f, DEFAULT_MODEL_DIR / f.name)
+    for name in ("metrics.json", "train_config.json", "command.txt"):
+        if (run / name).is_file():
+            shutil.copy2(run / name, DEFAULT_MODEL_DIR / name)
+    return DEFAULT_MODEL_DIR

@@ -1,0 +1,434 @@
+"""Multi-pass training: next-token loss on every pass, summed, no truncation (GUIDE §1).
+
+Every step is a pure function of (seed, step): the batch, the pass count, the prefix
+lengths and the jitter noise are all drawn from generators keyed by the step, so a run
+resumed from a checkpoint reaches exactly the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fbt_probe.checkpoint import save_model
+from fbt_probe.config import FBTConfig
+from fbt_probe.model import FBTModel
+from tasks import TASK_NAMES, vocab
+from tasks.base import Example
+from tasks.sampler import Curriculum, TrainingStream
+
+STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on. ``pass_mix`` is the final share of 1/2/3-pass
+    batches; before ``single_pass_frac`` every batch has one pass, then the mix ramps
+    linearly to ``pass_mix`` over ``mix_ramp_frac`` of training."""
+
+    name: str = "default"
+    model: FBTConfig = field(default_factory=FBTConfig)
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    pass_mix: tuple[float, ...] = (0.25, 0.65, 0.10)
+    single_pass_frac: float = 0.05
+    mix_ramp_frac: float = 0.10
+    prefix_mixin: bool = False
+    prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
+    answer_weight: tuple[float, float] = (
+        5.0,
+        20.0,
+    )  # answer-token loss weight: pass 1, passes >= 2
+    mixture: dict = field(
+        default_factory=lambda: {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.5}
+    )
+    curriculum_start: int = 8
+    curriculum_end: int = 256
+    curriculum_ramp_frac: float = 0.3
+    seed: int = 0
+    eval_every: int = 250
+    eval_examples: int = 96
+    checkpoint_every: int = 250
+    max_minutes: float = 0.0  # stop early (keeping a checkpoint) after this much wall time; 0 = off
+
+    def __post_init__(self):
+        def need(c, msg):
+            if not c:
+                raise ValueError(f"invalid TrainConfig: {msg}")
+
+        need(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
+        need(self.lr > 0 and 0 < self.min_lr_frac <= 1, "lr > 0 and 0 < min_lr_frac <= 1")
+        need(
+            len(self.pass_mix) >= 1
+            and all(p >= 0 for p in self.pass_mix)
+            and sum(self.pass_mix) > 0,
+            "pass_mix needs non-negative weights",
+        )
+        need(
+            0 <= self.single_pass_frac <= 1 and 0 <= self.mix_ramp_frac <= 1,
+            "schedule fractions in [0, 1]",
+        )
+        need(0 <= self.prefix_prob <= 1, "prefix_prob in [0, 1]")
+        need(
+            all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
+        )
+        Curriculum(self.curriculum_start, self.curriculum_end, self.curriculum_ramp_frac)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["model"] = self.model.to_dict()
+        d["pass_mix"] = list(self.pass_mix)
+        d["answer_weight"] = list(self.answer_weight)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"invalid TrainConfig: unknown keys {unknown}")
+        d = dict(d)
+        if "model" in d:
+            d["model"] = (
+                d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
+            )
+        for k in ("pass_mix", "answer_weight"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    def with_overrides(self, overrides: dict) -> TrainConfig:
+        """Apply ``key=value`` overrides; ``model.<field>`` reaches into the model config."""
+        top, mdl = {}, {}
+        for k, v in overrides.items():
+            if k.startswith("model."):
+                mdl[k[6:]] = v
+            else:
+                top[k] = v
+        d = self.to_dict()
+        d.update(top)
+        d["model"] = {**d["model"], **mdl}
+        return TrainConfig.from_dict(d)
+
+
+# ---- schedules ---------------------------------------------------------------------------
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (
+        cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    )
+
+
+def pass_probs(cfg: TrainConfig, step: int) -> np.ndarray:
+    """Probabilities of 1, 2, ... passes at ``step`` (single-pass first, then a ramp)."""
+    final = np.asarray(cfg.pass_mix, dtype=float) / sum(cfg.pass_mix)
+    one = np.zeros_like(final)
+    one[0] = 1.0
+    f = step / cfg.steps
+    if f < cfg.single_pass_frac:
+        return one
+    r = 1.0 if cfg.mix_ramp_frac == 0 else min(1.0, (f - cfg.single_pass_frac) / cfg.mix_ramp_frac)
+    return (1 - r) * one + r * final
+
+
+# ---- batches -----------------------------------------------------------------------------
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # (batch, pos), right-padded
+    targets: torch.Tensor  # (batch, pos) next token, -100 where none
+    answer: torch.Tensor  # (batch, pos) bool: the target is an answer token
+    lengths: torch.Tensor  # (batch,)
+    prompt_len: torch.Tensor  # (batch,) tokens up to and including the colon
+    tasks: list[str]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def make_batch(examples: list[Example]) -> Batch:
+    ids = [vocab.encode(ex.tokens) for ex in examples]
+    T = max(len(x) for x in ids)
+    tokens = torch.full((len(ids), T), vocab.PAD_ID, dtype=torch.long)
+    targets = torch.full((len(ids), T), -100, dtype=torch.long)
+    answer = torch.zeros((len(ids), T), dtype=torch.bool)
+    for i, (x, ex) in enumerate(zip(ids, examples, strict=True)):
+        tokens[i, : len(x)] = torch.tensor(x)
+        targets[i, : len(x) - 1] = torch.tensor(x[1:])
+        answer[i, ex.colon_index : len(x) - 1] = True
+    lengths = torch.tensor([len(x) for x in ids])
+    prompt_len = torch.tensor([ex.colon_index + 1 for ex in examples])
+    return Batch(tokens, targets, answer, lengths, prompt_len, [ex.task for ex in examples])
+
+
+def step_rng(cfg: TrainConfig, step: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([cfg.seed, 777, step]))
+
+
+def multipass_loss(model: FBTModel, batch: Batch, passes: int, cfg: TrainConfig, prefix_len=None):
+    """Sum over passes of the (answer-weighted) mean next-token loss; per-pass stats."""
+    out = model(batch.tokens, passes=passes, prefix_len=prefix_len, lengths=batch.lengths)
+    valid = batch.targets != -100
+    total = 0.0
+    stats = []
+    for k, p in enumerate(out.passes):
+        ce = F.cross_entropy(
+            p.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
+        ).view_as(batch.targets)
+        w = valid.float() + batch.answer.float() * (cfg.answer_weight[min(k, 1)] - 1.0)
+        loss = (ce * w).sum() / w.sum()
+        total = total + loss
+        with torch.no_grad():
+            pred = p.logits.argmax(-1)
+            correct = ((pred == batch.targets) | ~batch.answer).all(dim=1)
+            stats.append(
+                {
+                    "loss": float((ce * valid).sum() / valid.sum()),
+                    "answer_acc": float(correct.float().mean()),
+                }
+            )
+    return total, stats
+
+
+# ---- evaluation during training (teacher-forced answers, every pass) ---------------------
+@torch.no_grad()
+def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
+    """Teacher-forced answer accuracy on held-out examples (n in 1..256), per task and pass."""
+    was = model.training
+    model.eval()
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, STREAM_EVAL]))
+    from tasks import get_task
+
+    res = {}
+    for task in cfg.mixture:
+        mod = get_task(task)
+        exs = [mod.sample(rng, int(rng.integers(1, 257))) for _ in range(cfg.eval_examples)]
+        b = make_batch(exs)
+        out = model(b.tokens, passes=passes, lengths=b.lengths)
+        for k, p in enumerate(out.passes):
+            ok = ((p.logits.argmax(-1) == b.targets) | ~b.answer).all(dim=1)
+            res[f"{task}/pass{k + 1}"] = float(ok.float().mean())
+    model.train(was)
+    return res
+
+
+# ---- the run -------------------------------------------------------------------------------
+def git_revision() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5
+        )
+        return (
+            rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+            if rev.returncode == 0
+            else "unknown"
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Divergence(RuntimeError):
+    pass
+
+
+def _save_state(path: Path, model, opt, step: int, history: list) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "history": history},
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress=None,
+    stop_after: int | None = None,
+    argv: list[str] | None = None,
+) -> dict:
+    """Train ``cfg`` into ``out_dir``; returns the final metrics.
+
+    ``progress(step, total, info)`` is called every step. ``stop_after`` ends the run early
+    at that step (with a checkpoint), as an interruption would. On NaN or divergence the
+    run stops with ``Divergence`` and the last good checkpoint stays in place.
+    """
+    out = Path(out_dir)
+    state_path = out / "state.pt"
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise FileExistsError(
+            f"{out} is not empty; pass --resume to continue it or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = FBTModel(cfg.model, seed=cfg.seed)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    start, history = 0, []
+    if resume and state_path.exists():
+        saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+        if saved_cfg != cfg:
+            raise ValueError(
+                f"{out} was trained with a different config; resume it with the same one"
+            )
+        st = torch.load(state_path, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        start, history = st["step"], st["history"]
+    (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    with open(out / "command.txt", "a") as f:
+        f.write(shlex.join(argv if argv is not None else sys.argv) + "\n")
+    stream = TrainingStream(
+        cfg.mixture,
+        seed=cfg.seed,
+        curriculum=Curriculum(cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac),
+    )
+    t0 = time.monotonic()
+    tokens_seen, tok_t0 = 0, time.monotonic()
+    recent: list[float] = []
+    running = {}
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    step = start
+    for step in range(start, end):
+        rng = step_rng(cfg, step)
+        passes = int(rng.choice(len(cfg.pass_mix), p=pass_probs(cfg, step))) + 1
+        batch = make_batch(stream.batch(step, cfg.batch_size, step / cfg.steps))
+        prefix = None
+        if cfg.prefix_mixin and passes > 1:
+            use = rng.random(len(batch.lengths)) < cfg.prefix_prob
+            draw = np.floor(rng.random(len(batch.lengths)) * batch.prompt_len.numpy()).astype(int)
+            prefix = torch.tensor(np.where(use, draw, 0))
+        torch.manual_seed(cfg.seed * 1_000_003 + step)  # jitter noise, reproducible per step
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        loss, stats = multipass_loss(model, batch, passes, cfg, prefix)
+        lv = loss.item()
+        if not math.isfinite(lv) or (
+            len(recent) >= 50 and lv > 20 * float(np.median(recent)) and lv > 5.0
+        ):
+            raise Divergence(
+                f"training diverged at step {step} (loss {lv:.4g}, recent median {np.median(recent) if recent else float('nan'):.4g}); "
+                f"the last good checkpoint is in {out}"
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        if not math.isfinite(gnorm):
+            raise Divergence(
+                f"non-finite gradient at step {step}; the last good checkpoint is in {out}"
+            )
+        opt.step()
+        recent = (recent + [lv / passes])[-200:]
+        tokens_seen += batch.n_tokens * passes
+        for k, s in enumerate(stats):
+            key = f"pass{k + 1}"
+            prev = running.get(key, s)
+            running[key] = {m: 0.95 * prev[m] + 0.05 * s[m] for m in s}
+        rec = {
+            "step": step + 1,
+            "passes": passes,
+            "loss": lv,
+            "lr": lr_at(cfg, step),
+            "grad_norm": gnorm,
+            **{f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()},
+        }
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            rec["eval"] = quick_eval(model, cfg)
+        history.append(rec)
+        if progress is not None:
+            tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
+            info = "  ".join(
+                f"{k}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
+                for k, v in sorted(running.items())
+            )
+            progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
+        if (step + 1) % cfg.checkpoint_every == 0:
+            _save_state(state_path, model, opt, step + 1, history)
+        if cfg.max_minutes and (time.monotonic() - t0) / 60 > cfg.max_minutes:
+            _save_state(state_path, model, opt, step + 1, history)
+            break
+    final_step = history[-1]["step"] if history else start
+    _save_state(state_path, model, opt, final_step, history)
+    model.eval()
+    metrics = {
+        "name": cfg.name,
+        "steps_done": final_step,
+        "steps": cfg.steps,
+        "finished": final_step >= cfg.steps,
+        "seed": cfg.seed,
+        "git_revision": git_revision(),
+        "wall_seconds_this_session": time.monotonic() - t0,
+        "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
+        "final_eval": quick_eval(model, cfg),
+        "history": history,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    save_model(
+        model,
+        out / "model",
+        extra_meta={
+            "train_config": cfg.to_dict(),
+            "steps_done": final_step,
+            "git_revision": metrics["git_revision"],
+        },
+    )
+    return metrics
+
+
+def named_config(name: str) -> TrainConfig:
+    """Built-in recipes: ``default``, ``paper``, ``no-three-pass``, ``additive``, ``tiny``."""
+    base = TrainConfig()
+    table = {
+        "default": base,
+        "paper": replace(base, name="paper", pass_mix=(0.75, 0.22, 0.03), prefix_mixin=True),
+        "no-three-pass": replace(
+            base, name="no-three-pass", pass_mix=(0.75, 0.25), prefix_mixin=True
+        ),
+        "additive": replace(base, name="additive", model=replace(base.model, fusion="additive")),
+        "tiny": replace(
+            base,
+            name="tiny",
+            model=FBTConfig(d_model=32, n_layers=2, n_heads=2, d_mlp=64, n_ctx=320),
+            steps=40,
+            batch_size=8,
+            eval_every=20,
+            checkpoint_every=20,
+            eval_examples=16,
+            warmup_steps=5,
+        ),
+    }
+    if name not in table:
+        raise ValueError(f"unknown config {name!r}; choose from {', '.join(table)} or a JSON file")
+    return table[name]

@@ -1,0 +1,114 @@
+"""``report.md``: the paper-style layer-0 table, the figures, and the hashes behind them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from probes.results import PAPER_LAYER0, load_results
+
+
+def _fmt(x: float) -> str:
+    return "–" if x != x else f"{100 * x:.1f} %"
+
+
+def paper_table(df: pd.DataFrame) -> str:
+    """Task x prefill at depth 0 (pooled counts 1..256): ours [CI], chance, control, paper."""
+    pooled = df[(df.distractors == "1-256") & (df.overwrites == "all") & (df.depth == 0)]
+    lines = [
+        "| task | target | prefill | layer 0 (ours) [95 % CI] | chance | random-init control | permuted labels | paper |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (task, target, prefill), g in pooled.groupby(["task", "target", "prefill"], sort=False):
+        tr = g[g.model == "trained"]
+        if tr.empty:
+            continue
+        r = tr.iloc[0]
+        ctl = g[g.model == "random_init"].accuracy
+        perm = g[g.model == "permuted"].accuracy
+        lines.append(
+            f"| {task} | {target} | {prefill} | {_fmt(r.accuracy)} [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {_fmt(r.chance)} | "
+            f"{_fmt(ctl.iloc[0]) if len(ctl) else '–'} | {_fmt(perm.iloc[0]) if len(perm) else '–'} | {PAPER_LAYER0.get((task, prefill), '')} |"
+        )
+    return "\n".join(lines)
+
+
+def multi_register_table(df: pd.DataFrame) -> str:
+    """multi_register: recurrent vs full by depth (mean over registers) and by overwrites."""
+    g = df[(df.task == "multi_register") & (df.model == "trained") & (df.distractors == "1-256")]
+    if g.empty:
+        return ""
+    by_depth = g[g.overwrites == "all"].pivot_table(
+        index="depth", columns="prefill", values="accuracy", aggfunc="mean"
+    )
+    lines = [
+        "| depth | " + " | ".join(by_depth.columns) + " |",
+        "|---" * (1 + len(by_depth.columns)) + "|",
+    ]
+    for d, row in by_depth.iterrows():
+        lines.append(f"| {d} | " + " | ".join(_fmt(v) for v in row.values) + " |")
+    ow = g[g.overwrites != "all"].copy()
+    if not ow.empty:
+        ow["k"] = ow.overwrites.astype(int)
+        t = ow[ow.depth == 0].pivot_table(
+            index="k", columns="prefill", values="accuracy", aggfunc="mean"
+        )
+        lines += ["", "At depth 0, by number of overwrites of the register (mean over registers):", "",
+                  "| overwrites | " + " | ".join(t.columns) + " |", "|---" * (1 + len(t.columns)) + "|"]  # fmt: skip
+        for k, row in t.iterrows():
+            lines.append(f"| {k} | " + " | ".join(_fmt(v) for v in row.values) + " |")
+    return "\n".join(lines)
+
+
+def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
+    """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
+    res = Path(results)
+    df = load_results(res)
+    meta_path = res / "probe_results.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    figs = Path(figures) if figures is not None else res / "figures"
+    rel = lambda p: p.relative_to(res) if p.is_relative_to(res) else p.resolve()  # noqa: E731
+    parts = [
+        "# fbt-probe report: is task state linearly decodable from the latent feedback?",
+        "",
+        f"Model: `{meta.get('model', '?')}` (hash `{meta.get('model_hash', '?')}`), random-init control "
+        f"hash `{meta.get('random_init_hash', '?')}`.",
+        "",
+        "Datasets: "
+        + ", ".join(
+            f"{t} `{d['content_hash']}` ({d['n_examples']} examples, {d['n_groups']} groups, seed {d['seed']})"
+            for t, d in meta.get("datasets", {}).items()
+        ),
+        "",
+        f"Probes: standardise + logistic regression, {meta.get('folds', '?')} grouped folds (groups = base "
+        f"instance), C from {meta.get('C_grid', '?')} by nested grouped CV, fold seed {meta.get('fold_seed', '?')}; "
+        "95 % intervals by bootstrap over groups; chance = a constant-feature probe under the same folds.",
+        "Pooled over distractor counts 1..256 (count 0 is trivial under recurrent prefill: the token "
+        "before the colon is then the answer itself).",
+        "",
+        "## Layer 0 at the colon (the paper's table)",
+        "",
+        paper_table(df),
+        "",
+        "Decodable is not the same as used: only causal tests say whether the model relies on it.",
+        "",
+    ]
+    mr = multi_register_table(df)
+    if mr:
+        parts += [
+            "## multi_register: recurrent vs full prefill",
+            "",
+            "Accuracy by depth (mean over registers), pooled counts 1..256:",
+            "",
+            mr,
+            "",
+        ]
+    if figs.is_dir():
+        parts += ["## Figures", ""]
+        for png in sorted(figs.glob("*.png")):
+            parts += [f"![{png.stem}]({rel(png)})", ""]
+    out = res / "report.md"
+    out.write_text("\n".join(parts))
+    return out

@@ -1,0 +1,76 @@
+"""Tables read from ``probe_results.csv``: the layer-0 table and the paper comparison."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+# The paper's layer-0 figures at the colon (GUIDE §2); None where it gives no number.
+PAPER_LAYER0 = {
+    ("done_tracking", "standard"): "near chance",
+    ("done_tracking", "recurrent"): "99.6 %",
+    ("delayed_memory", "standard"): "near chance",
+    ("delayed_memory", "recurrent"): "100 %",
+}
+
+
+def load_results(results: str | Path) -> pd.DataFrame:
+    path = Path(results)
+    if path.is_dir():
+        path = path / "probe_results.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no probe results at {path}; run 'fbt-probe fit' first")
+    df = pd.read_csv(path, dtype={"distractors": str, "overwrites": str})
+    missing = {
+        "task",
+        "target",
+        "model",
+        "prefill",
+        "depth",
+        "distractors",
+        "accuracy",
+        "chance",
+    } - set(df.columns)
+    if missing:
+        raise ValueError(f"{path} lacks columns {sorted(missing)}")
+    if "overwrites" not in df.columns:
+        df["overwrites"] = "all"
+    return df
+
+
+def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
+    """Task x target x prefill at ``depth``, pooled over counts 1..256: trained accuracy with
+    its interval, chance, majority, the random-init control, permuted labels, the paper."""
+    pooled = df[(df.distractors == "1-256") & (df.overwrites == "all") & (df.depth == depth)]
+    rows = []
+    for (task, target, prefill), g in pooled.groupby(["task", "target", "prefill"], sort=False):
+        tr = g[g.model == "trained"]
+        if tr.empty:
+            continue
+        r = tr.iloc[0]
+        ctl = g[g.model == "random_init"]
+        perm = g[g.model == "permuted"]
+        rows.append({
+            "task": task, "target": target, "prefill": prefill,
+            "accuracy": r.accuracy, "ci_low": r.ci_low, "ci_high": r.ci_high,
+            "chance": r.chance, "majority": r.majority,
+            "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
+            "permuted": perm.accuracy.iloc[0] if len(perm) else float("nan"),
+            "paper": PAPER_LAYER0.get((task, prefill), ""),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def format_layer0(table: pd.DataFrame) -> str:
+    """Plain-text rendering (markdown) of ``layer0_table``."""
+    lines = [
+        "| task | target | prefill | layer-0 accuracy [95 % CI] | chance | random-init | permuted | paper |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.task} | {r.target} | {r.prefill} | {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | "
+            f"{r.chance:.3f} | {r.random_init:.3f} | {r.permuted:.3f} | {r.paper} |"
+        )
+    return "\n".join(lines)

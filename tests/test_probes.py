@@ -1,0 +1,198 @@
+"""Probes: equality with sklearn, leakage safety, controls, and the fit command end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.model_selection import KFold, StratifiedGroupKFold, cross_val_score
+from typer.testing import CliRunner
+
+from cli import app
+from fbt_probe.checkpoint import save_model
+from fbt_probe.config import FBTConfig
+from fbt_probe.model import FBTModel
+from probes.extract import extract_cached, extract_features
+from probes.fit import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
+from probes.results import layer0_table
+from tasks.dataset import load
+from tasks.generate import generate_dataset
+
+
+def toy(n_groups=60, per=5, d=16, signal=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(n_groups), per)
+    y = np.repeat(rng.integers(0, 2, n_groups), per)
+    X = rng.normal(size=(len(y), d))
+    X[:, 0] += signal * (2 * y - 1)
+    return X, y, groups
+
+
+def test_grouped_cv_equals_sklearn_cross_val_score():
+    X, y, g = toy()
+    splits = grouped_splits(y, g, 5, seed=3)
+    ours = cross_validate(X, y, splits, groups=g, C=0.3)
+    ref = cross_val_score(
+        make_probe(0.3), X, y, groups=g, cv=StratifiedGroupKFold(5, shuffle=True, random_state=3)
+    )
+    np.testing.assert_allclose(ours.fold_accuracies, ref, atol=1e-12)
+    assert ours.accuracy == pytest.approx(ref.mean(), abs=1e-12)
+    # nested selection: same as sklearn with the C each fold chose
+    nested = cross_validate(X, y, splits, groups=g)
+    for (tr, te), c, acc in zip(splits, nested.Cs, nested.fold_accuracies, strict=True):
+        assert make_probe(c).fit(X[tr], y[tr]).score(X[te], y[te]) == pytest.approx(acc)
+
+
+def test_folds_never_split_a_group():
+    X, y, g = toy()
+    for tr, te in grouped_splits(y, g, 5, seed=0):
+        assert not set(g[tr]) & set(g[te])
+
+
+def test_group_id_features_score_chance():
+    # Features that encode only the group id (one-hot): perfect memorisation in-sample,
+    # but grouped folds never test on a trained group, so the probe lands at chance.
+    rng = np.random.default_rng(1)
+    n_groups, per = 400, 3
+    g = np.repeat(np.arange(n_groups), per)
+    y = np.repeat(rng.integers(0, 2, n_groups), per)
+    X = np.eye(n_groups)[g] + 0.01 * rng.normal(size=(len(g), n_groups))
+    res = cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g)
+    se = np.sqrt(0.25 / n_groups)  # groups are the independent units
+    assert abs(res.accuracy - res.chance) < 3 * se
+    # ... while an ungrouped split (the leak) would look far better than chance
+    leak = cross_val_score(make_probe(1.0), X, y, cv=KFold(5, shuffle=True, random_state=0)).mean()
+    assert leak > 0.9
+
+
+def test_signal_is_found_and_permutation_lands_at_chance():
+    X, y, g = toy(n_groups=100, signal=2.0)
+    res = cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g)
+    assert res.accuracy > 0.9
+    yp = permute_by_group(y, g, seed=5)
+    for grp in np.unique(g):
+        assert len(set(yp[g == grp])) == 1
+    perm = cross_validate(X, yp, grouped_splits(yp, g, 5, 0), groups=g)
+    assert abs(perm.accuracy - perm.chance) < 0.12
+    lo, hi = bootstrap_ci(res.correct, g, seed=0)
+    assert lo <= res.correct.mean() <= hi and hi - lo < 0.15
+
+
+def test_constant_features_give_the_chance_column():
+    X, y, g = toy()
+    splits = grouped_splits(y, g, 5, 0)
+    const = cross_validate(np.ones((len(y), 3)), y, splits, groups=g, C=1.0)
+    assert const.accuracy == pytest.approx(const.chance)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fit")
+    model = FBTModel(
+        FBTConfig(d_model=32, n_layers=2, n_heads=2, d_mlp=64, n_ctx=320), seed=5
+    ).eval()
+    save_model(model, root / "m")
+    for task in ("delayed_memory", "multi_register"):
+        generate_dataset(task, root / f"{task}.parquet", n_groups=20, distractors=(0, 1, 8), seed=9)
+    return root, model
+
+
+def test_extraction_is_cached_and_consistent(tiny_setup, tmp_path):
+    root, model = tiny_setup
+    ds = load(root / "delayed_memory.parquet")
+    f1, hit1 = extract_cached(model, ds, "recurrent", tmp_path)
+    f2, hit2 = extract_cached(model, ds, "recurrent", tmp_path)
+    assert (hit1, hit2) == (False, True) and np.array_equal(f1, f2)
+    assert f1.shape == (len(ds), 3, 32)
+    # recurrent depth 0 at the colon is the fused feedback; standard depth 0 is the colon's embedding
+    std = extract_features(model, ds, "standard")
+    assert np.allclose(std[:, 0], std[0, 0])  # constant: rotary adds no position to the stream
+    assert not np.allclose(f1[:, 0], f1[0, 0])
+    k1 = extract_features(model, ds, "k1")
+    assert np.allclose(k1, std)
+
+
+def test_fit_command_writes_results(tiny_setup, tmp_path):
+    root, _ = tiny_setup
+    r = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            "--model",
+            str(root / "m"),
+            "--data",
+            str(root / "multi_register.parquet"),
+            "--out",
+            str(tmp_path / "res"),
+            "--prefill",
+            "standard,recurrent",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(
+        tmp_path / "res" / "probe_results.csv", dtype={"distractors": str, "overwrites": str}
+    )
+    need = {
+        "task",
+        "target",
+        "model",
+        "prefill",
+        "depth",
+        "distractors",
+        "accuracy",
+        "ci_low",
+        "ci_high",
+        "chance",
+        "majority",
+        "n_examples",
+        "n_groups",
+    }
+    assert need <= set(df.columns)
+    assert set(df.model) == {"trained", "random_init", "permuted"}
+    assert set(df.target) == {"RA", "RB", "RC", "RD"}
+    assert set(df.depth) == {0, 1, 2}
+    assert {"1-256", "0", "1", "8"} <= set(df.distractors)
+    assert (df.ci_low <= df.accuracy + 1e-9).all() and (df.accuracy <= df.ci_high + 1e-9).all()
+    pooled = df[(df.distractors == "1-256") & (df.overwrites == "all")]
+    assert (pooled.n_groups == 20).all() and (pooled.n_examples == 40).all()
+    assert set(df.overwrites) - {"all"}  # per-overwrite rows exist
+    meta = json.loads((tmp_path / "res" / "probe_results.json").read_text())
+    assert (
+        meta["folds"] == 5
+        and len(meta["model_hash"]) == 16
+        and "multi_register" in meta["datasets"]
+    )
+    assert "layer 0" in r.output
+    t0 = layer0_table(df)
+    assert len(t0) == 8  # 4 registers x 2 prefills
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--prefill", "sideways"], "unknown prefill"),
+        (["--task", "nope"], "unknown task"),
+        (["--model", "/nonexistent"], "not found"),
+        (["--folds", "1"], "at least 2"),
+    ],
+)
+def test_fit_bad_input(tiny_setup, tmp_path, args, msg):
+    root, _ = tiny_setup
+    base = [
+        "fit",
+        "--model",
+        str(root / "m"),
+        "--data",
+        str(root / "delayed_memory.parquet"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    if "--model" in args:
+        base = ["fit", "--out", str(tmp_path / "r")]
+    if "--task" in args:
+        base = ["fit", "--model", str(root / "m"), "--out", str(tmp_path / "r")]
+    r = CliRunner().invoke(app, base + args)
+    assert r.exit_code != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r" / "probe_results.csv").exists()

@@ -1,0 +1,177 @@
+"""Training: the multi-pass objective, schedules, resumption, divergence, eval."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import fbt_probe.train as T
+from cli import app
+from fbt_probe.checkpoint import load_model
+from fbt_probe.evaluate import evaluate
+from fbt_probe.train import (
+    TrainConfig,
+    lr_at,
+    make_batch,
+    multipass_loss,
+    named_config,
+    pass_probs,
+    train,
+)
+from tasks import get_task
+
+
+def tiny(**kw):
+    return replace(named_config("tiny"), **kw)
+
+
+def test_schedules():
+    cfg = TrainConfig(
+        steps=1000,
+        warmup_steps=100,
+        single_pass_frac=0.1,
+        mix_ramp_frac=0.2,
+        pass_mix=(0.75, 0.22, 0.03),
+    )
+    assert pass_probs(cfg, 0).tolist() == [1.0, 0.0, 0.0]
+    np.testing.assert_allclose(pass_probs(cfg, 999), [0.75, 0.22, 0.03])
+    np.testing.assert_allclose(
+        pass_probs(cfg, 200), 0.5 * np.array([1, 0, 0]) + 0.5 * np.array([0.75, 0.22, 0.03])
+    )
+    assert lr_at(cfg, 0) == pytest.approx(cfg.lr / 100) and lr_at(cfg, 99) == pytest.approx(cfg.lr)
+    assert lr_at(cfg, 999) == pytest.approx(cfg.lr * cfg.min_lr_frac, rel=1e-3)
+
+
+def test_loss_is_sum_of_per_pass_next_token_losses():
+    from fbt_probe.model import FBTModel
+
+    cfg = tiny(answer_weight=(1.0, 1.0))
+    model = FBTModel(cfg.model, seed=0).eval()
+    exs = get_task("delayed_memory").generate(4, (3,), seed=0)
+    b = make_batch(exs)
+    total, stats = multipass_loss(model, b, 2, cfg)
+    out = model(b.tokens, passes=2, lengths=b.lengths)
+    ref = 0.0
+    for p in out.passes:
+        ref += torch.nn.functional.cross_entropy(
+            p.logits.flatten(0, 1), b.targets.flatten(), ignore_index=-100
+        )
+    assert total.item() == pytest.approx(ref.item(), rel=1e-5)
+    # the answer target sits right after the colon
+    for i, ex in enumerate(exs):
+        assert b.answer[i].nonzero().flatten().tolist() == [ex.colon_index]
+
+
+def test_resume_reaches_the_same_weights(tmp_path):
+    cfg = tiny(
+        steps=12,
+        checkpoint_every=4,
+        eval_every=6,
+        prefix_mixin=True,
+        pass_mix=(0.3, 0.5, 0.2),
+        single_pass_frac=0.0,
+        mix_ramp_frac=0.0,
+    )
+    train(cfg, tmp_path / "full", argv=["test"])
+    train(cfg, tmp_path / "part", stop_after=5, argv=["test"])
+    assert json.loads((tmp_path / "part" / "metrics.json").read_text())["steps_done"] == 5
+    train(cfg, tmp_path / "part", resume=True, argv=["test"])
+    a = load_model(tmp_path / "full" / "model").state_dict()
+    b = load_model(tmp_path / "part" / "model").state_dict()
+    for k in a:
+        # equal up to float summation order (CPU kernels may reduce in another order)
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+    m = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    assert (
+        m["finished"]
+        and len(m["history"]) == 12
+        and {h["passes"] for h in m["history"]} == {1, 2, 3}
+    )
+    for f in ("train_config.json", "command.txt", "model/config.json", "model/meta.json"):
+        assert (tmp_path / "full" / f).is_file()
+    assert "git_revision" in m and m["seed"] == 0
+
+
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    cfg = tiny(steps=10, checkpoint_every=3)
+    real = T.multipass_loss
+    calls = {"n": 0}
+
+    def poisoned(model, batch, passes, cfg, prefix_len=None):
+        calls["n"] += 1
+        loss, stats = real(model, batch, passes, cfg, prefix_len)
+        return (loss * float("nan") if calls["n"] == 7 else loss), stats
+
+    monkeypatch.setattr(T, "multipass_loss", poisoned)
+    with pytest.raises(T.Divergence, match="step 6"):
+        train(cfg, tmp_path / "r", argv=["test"])
+    st = torch.load(tmp_path / "r" / "state.pt", weights_only=False)
+    assert st["step"] == 6 and all(torch.isfinite(v).all() for v in st["model"].values())
+
+
+def test_train_cli_tiny_and_eval_json(tmp_path):
+    r = CliRunner().invoke(
+        app, ["train", "--config", "tiny", "--out", str(tmp_path / "run"), "--set", "steps=6"]
+    )
+    assert r.exit_code == 0, r.output
+    r2 = CliRunner().invoke(app, ["train", "--config", "tiny", "--out", str(tmp_path / "run")])
+    assert r2.exit_code == 1 and "--resume" in r2.stderr
+    r3 = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "run"),
+            "--json",
+            "--n-groups",
+            "5",
+            "--task",
+            "delayed_memory,multi_register",
+        ],
+    )
+    assert r3.exit_code == 0, r3.output
+    res = json.loads(r3.stdout)
+    assert set(res) == {"delayed_memory", "multi_register"}
+    assert set(res["delayed_memory"]) == {"standard", "soft", "fused", "full"}
+    row = res["delayed_memory"]["standard"]
+    assert "1-256" in row and "256" in row and all(0.0 <= v <= 1.0 for v in row.values())
+
+
+def test_eval_matches_teacher_forced_pass_logits():
+    # standard and fused decoding of a one-word answer equal the argmax of pass 1 / pass 2
+    from fbt_probe.model import FBTModel
+    from tasks import vocab
+
+    model = FBTModel(tiny().model, seed=1).eval()
+    summary, _ = evaluate(
+        model, ("delayed_memory",), ("standard", "fused"), n_groups=6, distractors=(2, 5)
+    )
+    from fbt_probe.evaluate import heldout_examples
+
+    exs = heldout_examples("delayed_memory", 6, (2, 5))
+    for mode, passes in (("standard", 1), ("fused", 2)):
+        ok = []
+        for ex in exs:
+            x = torch.tensor([vocab.encode(ex.prompt)])
+            with torch.no_grad():
+                pred = model(x, passes=passes).logits[0, -1].argmax().item()
+            ok.append(pred == vocab.TOKEN_TO_ID[ex.answer[0]])
+        assert summary["delayed_memory"][mode]["1-256"] == pytest.approx(np.mean(ok))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--config", "nope"], ["--set", "steps"], ["--set", "lr=-1"], ["--config", "missing.json"]],
+)
+def test_train_bad_input(tmp_path, bad):
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "x"), *bad])
+    assert (
+        r.exit_code != 0
+        and r.stderr.startswith("error:")
+        and len(r.stderr.strip().splitlines()) == 1
+    )
