@@ -350,6 +350,85 @@ def reproduce(
     )
 
 
+@app.command()
+@user_errors
+def stability(
+    model: list[str] = typer.Option(
+        ["default"],
+        "--model",
+        "-m",
+        help="'default' or a model/run folder; repeat to compare models in one figure.",
+    ),
+    passes: int = typer.Option(30, "--passes", "-k", help="Jacobi passes (1..1000)."),
+    task: str = typer.Option(
+        "all", "--task", "-t", help="Held-out sequences of this task, or 'all'."
+    ),
+    out: Path = typer.Option(Path("results/stability"), "--out", "-o", help="Output folder."),
+    decode_tokens: int = typer.Option(
+        1000, "--decode-tokens", help="Tokens of long SOFT decoding (0 = skip)."
+    ),
+) -> None:
+    """Does the feedback map contract? State change, loss and accuracy over Jacobi passes."""
+    import pandas as pd
+    import torch
+
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.registry import resolve_model
+    from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
+    from probes.stability_plot import plot_soft, plot_stability
+    from tasks import TASK_NAMES, get_task, vocab
+    from tasks.dataset import atomic_write
+
+    if not 1 <= passes <= 1000:
+        raise ValueError("--passes must be in 1..1000")
+    if not 0 <= decode_tokens <= 4000:
+        raise ValueError("--decode-tokens must be in 0..4000")
+    task_list = TASK_NAMES if task == "all" else (task,)
+    for t in task_list:
+        get_task(t)
+    models = [(spec, *resolve_model(spec)) for spec in model]
+    batch = heldout_batch(task_list, n_groups=8 if passes > 100 else 16)
+    rows, soft = [], []
+    lip_at = tuple(k for k in (2, 3, 5, 10, 30, 100, 1000) if k <= passes)
+    for spec, m, name in models:
+        label = (
+            "default"
+            if spec == "default"
+            else Path(name).parent.name
+            if Path(name).name == "model"
+            else Path(name).name
+        )
+        with lazy_progress(f"stability {label}", passes) as bar:
+            traj = jacobi_trajectory(m, batch, passes, lipschitz_at=lip_at, progress=bar)
+        rows += [{"model": label, **r} for r in traj]
+        typer.echo(
+            f"{label}: feedback map {verdict(traj)}; state change pass 2 {traj[1]['delta_mean']:.3g} -> pass {passes} {traj[-1]['delta_mean']:.3g}"
+            if passes > 1
+            else f"{label}: 1 pass only"
+        )
+        if decode_tokens:
+            prompt = torch.tensor([vocab.encode(["<bos>", "SET", "ONE", "the", "cat", ":"])] * 4)
+            soft += [{"model": label, **r} for r in long_soft_decoding(m, prompt, decode_tokens)]
+    df = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(
+        out / "stability.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")
+    )
+    plot_stability(df, out)
+    if soft:
+        sd = pd.DataFrame(soft)
+        atomic_write(
+            out / "soft_decoding.csv", lambda tmp: sd.to_csv(tmp, index=False, float_format="%.6g")
+        )
+        plot_soft(sd, out)
+        bad = sd[~sd.finite]
+        typer.echo(
+            f"SOFT decoding of {decode_tokens} tokens: "
+            + ("all states finite" if bad.empty else f"{len(bad)} steps with NaN/inf")
+        )
+    typer.echo(f"wrote {out / 'stability.csv'} and figures in {out}")
+
+
 def main() -> None:
     """Console entry point: usage errors also become one line."""
     try:

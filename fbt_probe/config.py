@@ -25,7 +25,7 @@ class FBTConfig:
     n_heads: int = 4
     d_mlp: int = 512
     d_vocab: int = vocab.VOCAB_SIZE
-    n_ctx: int = 512
+    n_ctx: int = 2048  # rotary: no learned positions, this only bounds the rotary table and caches
     positional: str = "rotary"  # rotary: position never enters the residual stream
     rope_base: float = 10000.0
     fusion: str = "gated"

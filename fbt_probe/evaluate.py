@@ -34,7 +34,7 @@ def evaluate(
 
     Returns ``(summary, per_register)``: ``summary[task][mode]`` maps "1-256" (pooled over
     counts 1..256) and each count "<n>" to exact-match accuracy (all answer words right);
-    ``per_register[task][mode][i]`` is the pooled accuracy of answer word i.
+    ``per_register[task][mode][i]`` is the pooled accuracy of label i (register i's value).
     """
     for m in modes:
         if m not in MODES:
@@ -47,7 +47,8 @@ def evaluate(
     for task in tasks:
         exs = heldout_examples(task, n_groups, distractors, seed)
         prompts = [vocab.encode(ex.prompt) for ex in exs]
-        answers = np.array([vocab.encode(ex.answer) for ex in exs])
+        answers = np.array([vocab.encode(ex.rendered_answer) for ex in exs])
+        label_at = list(exs[0].label_offsets)
         counts = np.array([ex.n_distractors for ex in exs])
         summary[task], per_reg[task] = {}, {}
         for mode in modes:
@@ -60,7 +61,9 @@ def evaluate(
                 row[str(n)] = float(ok[counts == n].mean())
             summary[task][mode] = row
             per_reg[task][mode] = (
-                [float(x) for x in word_ok[pooled].mean(axis=0)] if pooled.any() else []
+                [float(x) for x in word_ok[pooled][:, label_at].mean(axis=0)]
+                if pooled.any()
+                else []
             )
             done += 1
             if progress is not None:

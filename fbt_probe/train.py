@@ -61,6 +61,7 @@ class TrainConfig:
     curriculum_start: int = 8
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
+    curriculum_dist: str = "mixed"
     seed: int = 0
     eval_every: int = 250
     eval_examples: int = 96
@@ -88,7 +89,12 @@ class TrainConfig:
         need(
             all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
         )
-        Curriculum(self.curriculum_start, self.curriculum_end, self.curriculum_ramp_frac)
+        Curriculum(
+            self.curriculum_start,
+            self.curriculum_end,
+            self.curriculum_ramp_frac,
+            self.curriculum_dist,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -313,7 +319,9 @@ def train(
     stream = TrainingStream(
         cfg.mixture,
         seed=cfg.seed,
-        curriculum=Curriculum(cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac),
+        curriculum=Curriculum(
+            cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac, cfg.curriculum_dist
+        ),
     )
     t0 = time.monotonic()
     tokens_seen, tok_t0 = 0, time.monotonic()

@@ -32,10 +32,25 @@ class Example:
     prompt: tuple[str, ...]  # ends with the colon
     answer: tuple[str, ...]  # the label words, in order
     overwrites: tuple[int, ...] = field(default=())  # multi_register: per register
+    answer_tokens: tuple[str, ...] = field(
+        default=()
+    )  # rendered answer when it differs from the labels
+
+    @property
+    def rendered_answer(self) -> tuple[str, ...]:
+        """The words after the colon (multi_register names each register before its value)."""
+        return self.answer_tokens or self.answer
+
+    @property
+    def label_offsets(self) -> tuple[int, ...]:
+        """Where each label word sits within ``rendered_answer``."""
+        if not self.answer_tokens:
+            return tuple(range(len(self.answer)))
+        return tuple(range(1, len(self.answer_tokens), 2))
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        return self.prompt + self.answer
+        return self.prompt + self.rendered_answer
 
     @property
     def colon_index(self) -> int:

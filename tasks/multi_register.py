@@ -1,9 +1,10 @@
-"""multi_register: ``<bos> <writes among distractors> : v_A v_B .. v_R``.
+"""multi_register: ``<bos> <writes among distractors> : RA v_A RB v_B ..``.
 
 Each of R registers is written 1 + o times (o uniform in 0..max_overwrites), each write a
 pair ``R<x> V<v>`` with v uniform, the writes of all registers randomly interleaved
 (each register's own order kept). The answer lists every register's final value, in
-register order; the number of overwrites per register is recorded.
+register order, each after its register's name; the labels are the values; the number of
+overwrites per register is recorded.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def render(base: Base, n: int, rng: np.random.Generator, params: Params, group: 
     events = [(vocab.REGISTERS[r], vocab.VALUES[v]) for r, v in writes]
     prompt = (vocab.BOS, *interleave(rng, events, n), vocab.COLON)
     answer = tuple(vocab.VALUES[final[r]] for r in range(params.n_registers))
-    return Example(NAME, group, n, prompt, answer, overwrites)
+    # The answer names each register before its value ("RA V1 RB V2 ..."): reading a
+    # register is then a lookup, and every value is scored at a known position.
+    rendered = tuple(w for r in range(params.n_registers) for w in (vocab.REGISTERS[r], answer[r]))
+    return Example(NAME, group, n, prompt, answer, overwrites, rendered)
 
 
 def generate(

@@ -22,8 +22,13 @@ class Curriculum:
     start: int = 8
     end: int = MAX_DISTRACTORS
     ramp_frac: float = 0.3
+    # "uniform": n ~ U[0, n_max]; "mixed": half of the batches uniform, half log-uniform
+    # (more short sequences, so more steps per second, while long ones still appear)
+    dist: str = "uniform"
 
     def __post_init__(self):
+        if self.dist not in ("uniform", "mixed"):
+            raise ValueError(f"curriculum dist must be uniform or mixed, got {self.dist!r}")
         if not 0 <= self.start <= self.end <= MAX_DISTRACTORS:
             raise ValueError(f"curriculum needs 0 <= start <= end <= {MAX_DISTRACTORS}")
         if not 0.0 <= self.ramp_frac <= 1.0:
@@ -65,7 +70,10 @@ class TrainingStream:
         out = []
         # One distractor count per batch (each example within +-width/2 of it): batches of
         # similar lengths waste little on padding, and over steps n still covers [0, n_max].
-        center = int(rng.integers(0, n_max + 1))
+        if self.curriculum.dist == "mixed" and rng.random() < 0.5:
+            center = int(np.exp(rng.uniform(0.0, np.log(n_max + 1)))) - 1
+        else:
+            center = int(rng.integers(0, n_max + 1))
         lo = max(0, center - self.width // 2)
         hi = min(n_max, lo + self.width)
         for _ in range(size):

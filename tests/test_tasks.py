@@ -110,8 +110,16 @@ def test_colon_unique_and_after_all_label_information(task, seed, n):
     assert words.count(":") == 1
     colon = words.index(":")
     assert colon == ex.colon_index
-    info = {"SET", "NEED", "STEP"} | set(vocab.REGISTERS) | set(vocab.COUNTS)
+    info = {"SET", "NEED", "STEP"} | set(vocab.COUNTS)
     assert all(w not in info for w in words[colon + 1 :])
+    if task == "multi_register":  # after the colon: each register's name, then its value
+        after = words[colon + 1 :]
+        assert (
+            after[0::2] == list(vocab.REGISTERS[: len(ex.answer)])
+            and tuple(after[1::2]) == ex.answer
+        )
+    else:
+        assert tuple(words[colon + 1 :]) == ex.answer
     # the answer equals the oracle of the prompt alone
     assert interpret(" ".join(words[: colon + 1])) == ex.answer
 
