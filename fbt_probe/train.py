@@ -39,7 +39,7 @@ class TrainConfig:
 
     name: str = "default"
     model: FBTConfig = field(default_factory=FBTConfig)
-    steps: int = 2000
+    steps: int = 1600
     batch_size: int = 32
     lr: float = 2e-3
     min_lr_frac: float = 0.1
@@ -56,8 +56,9 @@ class TrainConfig:
         20.0,
     )  # answer-token loss weight: pass 1, passes >= 2
     mixture: dict = field(
-        default_factory=lambda: {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.5}
+        default_factory=lambda: {"delayed_memory": 1.0, "done_tracking": 2.0, "multi_register": 0.5}
     )
+    task_params: dict = field(default_factory=dict)  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
     curriculum_start: int = 8
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
@@ -226,7 +227,7 @@ def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
     res = {}
     for task in cfg.mixture:
         mod = get_task(task)
-        exs = [mod.sample(rng, int(rng.integers(1, 257))) for _ in range(cfg.eval_examples)]
+        exs = [mod.sample(rng, int(rng.integers(1, 257)), mod.Params(**cfg.task_params.get(task, {}))) for _ in range(cfg.eval_examples)]
         b = make_batch(exs)
         out = model(b.tokens, passes=passes, lengths=b.lengths)
         for k, p in enumerate(out.passes):
@@ -319,6 +320,7 @@ def train(
     stream = TrainingStream(
         cfg.mixture,
         seed=cfg.seed,
+        params=cfg.task_params,
         curriculum=Curriculum(
             cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac, cfg.curriculum_dist
         ),
