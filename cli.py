@@ -67,7 +67,7 @@ def generate(
         ..., "--task", "-t", help="done_tracking, delayed_memory or multi_register."
     ),
     n_groups: int = typer.Option(
-        200, "--n-groups", help="Base instances; each is rendered at every distractor count."
+        128, "--n-groups", help="Base instances; each is rendered at every distractor count."
     ),
     distractors: str = typer.Option(
         "default",

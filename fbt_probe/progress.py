@@ -26,12 +26,22 @@ def lazy_progress(
     The bar goes to stderr, so stdout stays clean for ``--json`` output.
     """
     t0 = time.monotonic()
-    state: dict = {"progress": None, "task": None, "total": total}
+    state: dict = {"progress": None, "task": None, "total": total, "last_line": 0.0}
+    interactive = sys.stderr.isatty()
 
     def update(done: int, total_: int | None = None, info: str = "") -> None:
         if total_ is not None:
             state["total"] = total_
         if not enabled:
+            return
+        if not interactive:  # logs and pipes: a plain line every 10 s instead of a live bar
+            now = time.monotonic()
+            if now - t0 >= delay and (now - state["last_line"] >= 10 or done == state["total"]):
+                state["last_line"] = now
+                sys.stderr.write(
+                    f"{description}: {done}/{state['total']} ({now - t0:.0f} s) {info}\n"
+                )
+                sys.stderr.flush()
             return
         if state["progress"] is None:
             if time.monotonic() - t0 < delay:

@@ -58,7 +58,9 @@ class TrainConfig:
     mixture: dict = field(
         default_factory=lambda: {"delayed_memory": 1.0, "done_tracking": 2.0, "multi_register": 0.5}
     )
-    task_params: dict = field(default_factory=dict)  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
+    task_params: dict = field(
+        default_factory=dict
+    )  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
     curriculum_start: int = 8
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
@@ -227,7 +229,10 @@ def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
     res = {}
     for task in cfg.mixture:
         mod = get_task(task)
-        exs = [mod.sample(rng, int(rng.integers(1, 257)), mod.Params(**cfg.task_params.get(task, {}))) for _ in range(cfg.eval_examples)]
+        exs = [
+            mod.sample(rng, int(rng.integers(1, 257)), mod.Params(**cfg.task_params.get(task, {})))
+            for _ in range(cfg.eval_examples)
+        ]
         b = make_batch(exs)
         out = model(b.tokens, passes=passes, lengths=b.lengths)
         for k, p in enumerate(out.passes):

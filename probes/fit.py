@@ -26,7 +26,7 @@ N_BOOT = 1000
 
 def make_probe(C: float) -> Pipeline:
     """The probe: standardise, then (multinomial) logistic regression."""
-    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=300, tol=1e-3))
+    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=200, tol=1e-3))
 
 
 def grouped_splits(

@@ -44,6 +44,13 @@ def targets_of(ds: Dataset) -> dict[str, np.ndarray]:
 
 def _cell(X, y, groups, seed, folds, C=None):
     """One probe cell: nested CV (C None) or fixed C; returns the row's numbers."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    # Probes on features that carry no signal (random init, permuted labels) often stop at
+    # max_iter; the warning would drown the output and says nothing about the result.
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
     splits = grouped_splits(y, groups, folds, seed)
     res = cross_validate(X, y, splits, groups=groups, C=C)
     lo, hi = bootstrap_ci(res.correct, groups, seed)

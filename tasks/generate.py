@@ -9,7 +9,7 @@ from tasks import get_task
 from tasks.base import DEFAULT_DISTRACTORS, STREAM_PROBE, check_counts, generate_groups
 from tasks.dataset import build_meta, to_table, write_atomic
 
-DEFAULT_N_GROUPS = 200
+DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
 
 

@@ -137,5 +137,14 @@ def test_curriculum_ramps():
     )
     s = TrainingStream({"delayed_memory": 1.0}, seed=0, curriculum=c)
     assert max(ex.n_distractors for ex in s.batch(0, 200, 0.0)) <= 8
-    ns = np.array([ex.n_distractors for ex in s.batch(1, 400, 1.0)])
-    assert ns.max() > 200
+    batches = [np.array([ex.n_distractors for ex in s.batch(i, 50, 1.0)]) for i in range(60)]
+    assert all(b.max() - b.min() <= 16 for b in batches)  # one count window per batch
+    allns = np.concatenate(batches)
+    assert allns.max() > 200 and allns.min() < 20  # over batches, counts span [0, n_max]
+    mixed = TrainingStream(
+        {"delayed_memory": 1.0}, seed=0, curriculum=Curriculum(8, 256, 0.3, "mixed")
+    )
+    mix = np.concatenate([[ex.n_distractors for ex in mixed.batch(i, 20, 1.0)] for i in range(200)])
+    assert (
+        np.mean(mix) < np.mean(allns) and mix.max() > 200
+    )  # more short sequences, long ones remain

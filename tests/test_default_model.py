@@ -1,0 +1,53 @@
+"""The shipped default model: it loads, solves delayed_memory, and its feedback carries the bit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fbt_probe.evaluate import evaluate
+from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
+from probes.extract import extract_features
+from probes.fit import cross_validate, grouped_splits
+from tasks.dataset import load
+from tasks.generate import generate_dataset
+
+pytestmark = pytest.mark.skipif(
+    not (DEFAULT_MODEL_DIR / "model.safetensors").is_file(), reason="no default model"
+)
+
+
+def test_default_model_loads_with_its_provenance():
+    model, name = resolve_model(None)
+    assert name == "default" and model.cfg.fusion == "gated"
+    meta = json.loads((DEFAULT_MODEL_DIR / "meta.json").read_text())
+    cfg = json.loads((DEFAULT_MODEL_DIR / "train_config.json").read_text())
+    assert meta["train_config"] == cfg and meta["steps_done"] == cfg["steps"]
+    assert (DEFAULT_MODEL_DIR / "metrics.json").is_file()
+
+
+def test_default_model_feedback_carries_the_bit(tmp_path):
+    model, _ = resolve_model("default")
+    path = generate_dataset(
+        "delayed_memory", tmp_path / "dm.parquet", n_groups=60, distractors=(1, 16, 128), seed=5
+    )
+    ds = load(path)
+    y = np.array([lab[0] for lab in ds.labels])
+    splits = grouped_splits(y, ds.group, 5, seed=0)
+    std = extract_features(model, ds, "standard")[:, 0]
+    rec = extract_features(model, ds, "recurrent")[:, 0]
+    r_std = cross_validate(std, y, splits, groups=ds.group, C=1.0)
+    r_rec = cross_validate(rec, y, splits, groups=ds.group, C=1.0)
+    assert r_std.accuracy == pytest.approx(r_std.chance, abs=1e-9)  # a constant vector at the colon
+    assert r_rec.accuracy >= 0.97
+
+
+def test_default_model_answers_delayed_memory():
+    model, _ = resolve_model("default")
+    summary, _ = evaluate(
+        model, ("delayed_memory",), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256)
+    )
+    assert summary["delayed_memory"]["standard"]["1-256"] >= 0.95
+    assert summary["delayed_memory"]["fused"]["1-256"] >= 0.95
