@@ -22,11 +22,19 @@ B, T = 32, 260
 
 def forward_rates(model) -> list[dict]:
     x = torch.randint(3, 60, (B, T))
-    rows, base = [], None
-    for k in (1, 2, 3):
-        with torch.no_grad():
-            t = best_of(lambda k=k: model(x, passes=k), repeats=3)
-        base = base or t
+    import time
+
+    # Round-robin over k, best of 6 each: the machine is shared, so drift hits all k alike.
+    best = {1: float("inf"), 2: float("inf"), 3: float("inf")}
+    with torch.no_grad():
+        model(x, passes=1)
+        for _ in range(6):
+            for k in best:
+                t0 = time.perf_counter()
+                model(x, passes=k)
+                best[k] = min(best[k], time.perf_counter() - t0)
+    rows, base = [], best[1]
+    for k, t in best.items():
         rows.append(
             {
                 "what": f"forward {k} pass(es)",
