@@ -103,6 +103,13 @@ def jacobi_trajectory(
     prev = None
     x = emb
     for k in range(1, passes + 1):
+        if rows and rows[-1]["delta_max"] == 0.0:
+            # h(k-1) == h(k-2) bit for bit, so every later pass repeats it exactly (the
+            # Jacobi iteration reached the sequential recurrence): no need to compute it.
+            rows.append({**rows[-1], "pass": k, "lipschitz": float("nan")})
+            if progress is not None:
+                progress(k, passes, f"pass {k} (fixed point)")
+            continue
         out = model.stack(x)
         h = out.states * valid[..., None]
         ce = F.cross_entropy(

@@ -330,6 +330,7 @@ def train(
             cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac, cfg.curriculum_dist
         ),
     )
+    revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()
     tokens_seen, tok_t0 = 0, time.monotonic()
     recent: list[float] = []
@@ -403,7 +404,7 @@ def train(
         "steps": cfg.steps,
         "finished": final_step >= cfg.steps,
         "seed": cfg.seed,
-        "git_revision": git_revision(),
+        "git_revision": revision,
         "wall_seconds_this_session": time.monotonic() - t0,
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
         "final_eval": quick_eval(model, cfg),
