@@ -18,7 +18,6 @@ except ImportError:  # pragma: no cover
 
 app = typer.Typer(
     name="fbt-probe",
-    help="Probe latent feedback in full-bandwidth transformers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
