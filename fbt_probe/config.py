@@ -78,11 +78,15 @@ class FBTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> FBTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"invalid FBTConfig: unknown keys {unknown}")
+        reject_unknown_keys(cls, d)
         return cls(**d)
+
+
+def reject_unknown_keys(cls, d: dict) -> None:
+    """A clear error for keys that are not fields of the dataclass ``cls``."""
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"invalid {cls.__name__}: unknown keys {unknown}")
 
 
 def build_cfg(**overrides) -> FBTConfig:

@@ -278,6 +278,7 @@ class FBTModel(HookedRootModule):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
+        self._pass, self._offset = 0, 0  # hooks fired by embed() read these
         emb = self.embed(tokens)
         plain = self.plain_mask(B, T, prefix_len, tokens.device)
         valid = None
@@ -365,8 +366,7 @@ class PositionCapture:
                 "hook_pattern at chosen positions is only available in multi-pass forwards"
             )
         pos = self.positions.to(t.device)
-        offset = 0 if name == "hook_embed" else self.model._offset
-        idx = pos - offset
+        idx = pos - self.model._offset
         ok = (idx >= 0) & (idx < t.shape[pos_dim])
         buf = self.store[k].get(name)
         if buf is None:

@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.checkpoint import save_model
-from fbt_probe.config import FBTConfig
+from fbt_probe.config import FBTConfig, reject_unknown_keys
 from fbt_probe.model import FBTModel
 from tasks import TASK_NAMES, vocab
 from tasks.base import Example
@@ -108,10 +108,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"invalid TrainConfig: unknown keys {unknown}")
+        reject_unknown_keys(cls, d)
         d = dict(d)
         if "model" in d:
             d["model"] = (
@@ -295,7 +292,6 @@ def train(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model = FBTModel(cfg.model, seed=cfg.seed)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]

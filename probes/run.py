@@ -124,12 +124,10 @@ def run_fit(
         ds = datasets[t]
         counts, groups = ds.n_distractors, ds.group
         pooled = counts >= 1
-        ow = np.array([list(o) for o in ds.overwrites]) if t == "multi_register" else None
         for target, y in targets_of(ds).items():
             for p in prefills:
                 F = feats[(t, p, "trained")]
-                L1 = F.shape[1]
-                for d in range(L1):
+                for d in range(F.shape[1]):
                     base = {
                         "task": t,
                         "target": target,

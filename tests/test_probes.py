@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 from sklearn.model_selection import KFold, StratifiedGroupKFold, cross_val_score
 from typer.testing import CliRunner
@@ -16,7 +15,7 @@ from fbt_probe.config import FBTConfig
 from fbt_probe.model import FBTModel
 from probes.extract import extract_cached, extract_features
 from probes.fit import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
-from probes.results import layer0_table
+from probes.results import layer0_table, load_results
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 
@@ -131,9 +130,7 @@ def test_fit_command_writes_results(tiny_setup, tmp_path):
         ],
     )
     assert r.exit_code == 0, r.output
-    df = pd.read_csv(
-        tmp_path / "res" / "probe_results.csv", dtype={"distractors": str, "overwrites": str}
-    )
+    df = load_results(tmp_path / "res")
     need = {
         "task",
         "target",
