@@ -401,11 +401,17 @@ def stability(
         with lazy_progress(f"stability {label}", passes) as bar:
             traj = jacobi_trajectory(m, batch, passes, lipschitz_at=lip_at, progress=bar)
         rows += [{"model": label, **r} for r in traj]
-        typer.echo(
-            f"{label}: feedback map {verdict(traj)}; state change pass 2 {traj[1]['delta_mean']:.3g} -> pass {passes} {traj[-1]['delta_mean']:.3g}"
-            if passes > 1
-            else f"{label}: 1 pass only"
-        )
+        if passes > 1:
+            ref = traj[min(2, passes - 1)]  # pass 3, the deepest pass of the paper's recipe
+            drift = 100 * (traj[-1]["loss"] / ref["loss"] - 1)
+            typer.echo(
+                f"{label}: feedback map {verdict(traj)}; state change pass 2 "
+                f"{traj[1]['delta_mean']:.3g} -> pass {passes} {traj[-1]['delta_mean']:.3g}; "
+                f"loss pass {ref['pass']} {ref['loss']:.4f} -> pass {passes} "
+                f"{traj[-1]['loss']:.4f} ({drift:+.2f} %)"
+            )
+        else:
+            typer.echo(f"{label}: 1 pass only")
         if decode_tokens:
             prompt = torch.tensor([vocab.encode(["<bos>", "SET", "ONE", "the", "cat", ":"])] * 4)
             soft += [{"model": label, **r} for r in long_soft_decoding(m, prompt, decode_tokens)]
