@@ -46,9 +46,9 @@ class TrainConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    # shares of 1, 2, 3, ... passes; the default keeps 10 % of batches at 4 and 6 passes so that
+    # shares of 1, 2, 3, ... passes; the default keeps 10 % of batches at 4, 6 and 12 passes so that
     # the feedback is trained beyond one step of depth (docs/training.md)
-    pass_mix: tuple[float, ...] = (0.25, 0.55, 0.10, 0.05, 0.0, 0.05)
+    pass_mix: tuple[float, ...] = (0.25, 0.55, 0.10, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,)
     single_pass_frac: float = 0.05
     mix_ramp_frac: float = 0.10
     prefix_mixin: bool = False
