@@ -9,6 +9,7 @@ import pytest
 
 from fbt_probe.evaluate import evaluate
 from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
+from fbt_probe.train import TrainConfig, named_config
 from probes.extract import extract_features
 from probes.fit import cross_validate, grouped_splits
 from tasks.dataset import load
@@ -28,11 +29,16 @@ def test_default_model_loads_with_its_provenance():
     assert (DEFAULT_MODEL_DIR / "metrics.json").is_file()
 
 
-def test_default_model_feedback_carries_the_bit(tmp_path):
+def test_default_model_is_what_train_with_no_arguments_makes():
+    # `fbt-probe train --as-default` trains TrainConfig(): the shipped model must match it
+    cfg = json.loads((DEFAULT_MODEL_DIR / "train_config.json").read_text())
+    assert TrainConfig.from_dict(cfg) == TrainConfig() == named_config("default")
+
+
+@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
+def test_default_model_feedback_carries_the_state(tmp_path, task):
     model, _ = resolve_model("default")
-    path = generate_dataset(
-        "delayed_memory", tmp_path / "dm.parquet", n_groups=60, distractors=(1, 16, 128), seed=5
-    )
+    path = generate_dataset(task, tmp_path / "d.parquet", n_groups=60, distractors=(1, 16, 128), seed=5)
     ds = load(path)
     y = np.array([lab[0] for lab in ds.labels])
     splits = grouped_splits(y, ds.group, 5, seed=0)
@@ -44,10 +50,9 @@ def test_default_model_feedback_carries_the_bit(tmp_path):
     assert r_rec.accuracy >= 0.97
 
 
-def test_default_model_answers_delayed_memory():
+@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
+def test_default_model_answers(task):
     model, _ = resolve_model("default")
-    summary, _ = evaluate(
-        model, ("delayed_memory",), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256)
-    )
-    assert summary["delayed_memory"]["standard"]["1-256"] >= 0.95
-    assert summary["delayed_memory"]["fused"]["1-256"] >= 0.95
+    summary, _ = evaluate(model, (task,), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256))
+    assert summary[task]["standard"]["1-256"] >= 0.95
+    assert summary[task]["fused"]["1-256"] >= 0.95
