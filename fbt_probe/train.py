@@ -58,7 +58,11 @@ class TrainConfig:
         20.0,
     )  # answer-token loss weight: pass 1, passes >= 2
     mixture: dict = field(
-        default_factory=lambda: {"delayed_memory": 0.5, "done_tracking": 3.0, "multi_register": 0.25}
+        default_factory=lambda: {
+            "delayed_memory": 0.5,
+            "done_tracking": 3.0,
+            "multi_register": 0.25,
+        }
     )
     task_params: dict = field(
         default_factory=dict

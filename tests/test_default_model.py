@@ -38,7 +38,9 @@ def test_default_model_is_what_train_with_no_arguments_makes():
 @pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
 def test_default_model_feedback_carries_the_state(tmp_path, task):
     model, _ = resolve_model("default")
-    path = generate_dataset(task, tmp_path / "d.parquet", n_groups=60, distractors=(1, 16, 128), seed=5)
+    path = generate_dataset(
+        task, tmp_path / "d.parquet", n_groups=60, distractors=(1, 16, 128), seed=5
+    )
     ds = load(path)
     y = np.array([lab[0] for lab in ds.labels])
     splits = grouped_splits(y, ds.group, 5, seed=0)
@@ -53,6 +55,8 @@ def test_default_model_feedback_carries_the_state(tmp_path, task):
 @pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
 def test_default_model_answers(task):
     model, _ = resolve_model("default")
-    summary, _ = evaluate(model, (task,), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256))
+    summary, _ = evaluate(
+        model, (task,), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256)
+    )
     assert summary[task]["standard"]["1-256"] >= 0.95
     assert summary[task]["fused"]["1-256"] >= 0.95
