@@ -71,6 +71,9 @@ class TrainConfig:
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
     curriculum_dist: str = "mixed"
+    # multi_register overwrites: none before the first fraction of training, the task's full
+    # max_overwrites from the second on; (0, 0) = off (docs/training.md)
+    overwrite_ramp: tuple[float, float] = (0.0, 0.0)
     seed: int = 0
     eval_every: int = 250
     eval_examples: int = 96
@@ -106,12 +109,18 @@ class TrainConfig:
             self.curriculum_ramp_frac,
             self.curriculum_dist,
         )
+        need(
+            len(self.overwrite_ramp) == 2
+            and 0 <= self.overwrite_ramp[0] <= self.overwrite_ramp[1] <= 1,
+            "overwrite_ramp is [start, end] with 0 <= start <= end <= 1",
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["model"] = self.model.to_dict()
         d["pass_mix"] = list(self.pass_mix)
         d["answer_weight"] = list(self.answer_weight)
+        d["overwrite_ramp"] = list(self.overwrite_ramp)
         return d
 
     @classmethod
@@ -122,7 +131,7 @@ class TrainConfig:
             d["model"] = (
                 d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
             )
-        for k in ("pass_mix", "answer_weight"):
+        for k in ("pass_mix", "answer_weight", "overwrite_ramp"):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -333,6 +342,7 @@ def train(
         curriculum=Curriculum(
             cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac, cfg.curriculum_dist
         ),
+        overwrite_ramp=cfg.overwrite_ramp,
     )
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()

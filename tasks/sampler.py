@@ -9,7 +9,7 @@ linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -49,6 +49,9 @@ class TrainingStream:
     curriculum: Curriculum = field(default_factory=Curriculum)
     params: dict[str, dict] = field(default_factory=dict)
     width: int = 16  # spread of distractor counts within one batch
+    # (start, end) as fractions of training: multi_register draws no overwrites before
+    # ``start`` and reaches its full ``max_overwrites`` at ``end``; (0, 0) = off
+    overwrite_ramp: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
         if not self.mixture or any(w < 0 for w in self.mixture.values()):
@@ -62,6 +65,26 @@ class TrainingStream:
         self._params = [
             m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)
         ]
+        a, b = self.overwrite_ramp
+        if not 0.0 <= a <= b <= 1.0:
+            raise ValueError(
+                f"overwrite_ramp needs 0 <= start <= end <= 1, got {self.overwrite_ramp}"
+            )
+
+    def max_overwrites(self, progress: float, full: int) -> int:
+        """The multi_register overwrite cap at training progress in [0, 1]."""
+        a, b = self.overwrite_ramp
+        if b == 0.0 or progress >= b:
+            return full
+        if progress < a:
+            return 0
+        return min(full, int(full * (progress - a) / (b - a)) + 1)
+
+    def _params_at(self, i: int, progress: float):
+        p = self._params[i]
+        if self._names[i] == "multi_register" and self.overwrite_ramp[1] > 0:
+            return replace(p, max_overwrites=self.max_overwrites(progress, p.max_overwrites))
+        return p
 
     def batch(self, index: int, size: int, progress: float) -> list[Example]:
         """Batch number ``index``: a pure function of (seed, index, size, progress)."""
@@ -79,7 +102,7 @@ class TrainingStream:
         for _ in range(size):
             i = int(rng.choice(len(self._names), p=self._probs))
             n = int(rng.integers(lo, hi + 1))
-            out.append(self._mods[i].sample(rng, n, self._params[i]))
+            out.append(self._mods[i].sample(rng, n, self._params_at(i, progress)))
         return out
 
     def examples(self, progress: float = 1.0) -> Iterator[Example]:

@@ -148,3 +148,22 @@ def test_curriculum_ramps():
     assert (
         np.mean(mix) < np.mean(allns) and mix.max() > 200
     )  # more short sequences, long ones remain
+
+
+def test_overwrite_curriculum():
+    s = TrainingStream({"multi_register": 1.0}, seed=0, overwrite_ramp=(0.3, 0.9))
+    # the cap: 0 before the ramp, then 1, 2, 3 over thirds of it, the task's 3 at its end
+    assert [s.max_overwrites(p, 3) for p in (0.0, 0.29, 0.3, 0.45, 0.6, 0.8, 0.9, 1.0)] == [
+        0, 0, 1, 1, 2, 3, 3, 3,
+    ]  # fmt: skip
+
+    def overwrites(progress):
+        return np.array([ex.overwrites for i in range(10) for ex in s.batch(i, 20, progress)])
+
+    assert overwrites(0.1).max() == 0
+    assert overwrites(0.35).max() == 1
+    assert overwrites(1.0).max() == 3
+    off = TrainingStream({"multi_register": 1.0}, seed=0)
+    assert np.array([ex.overwrites for ex in off.batch(0, 50, 0.0)]).max() == 3
+    with pytest.raises(ValueError, match="overwrite_ramp"):
+        TrainingStream({"multi_register": 1.0}, overwrite_ramp=(0.8, 0.2))
