@@ -79,7 +79,7 @@ class TrainConfig:
     eval_examples: int = 96
     checkpoint_every: int = 250
     # stop early (keeping a checkpoint) after this much wall time; 0 = off. The default's
-    # 2000 steps take ~18 min on 2 cores; the cap keeps a slower machine within 20 minutes.
+    # 2000 steps took 19.5 min on 2 cores here; the cap keeps a slower machine within 20 minutes.
     max_minutes: float = 19.5
 
     def __post_init__(self):
