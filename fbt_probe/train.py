@@ -108,11 +108,7 @@ class TrainConfig:
             self.curriculum_end,
             self.curriculum_ramp_frac,
             self.curriculum_dist,
-        )
-        need(
-            len(self.overwrite_ramp) == 2
-            and 0 <= self.overwrite_ramp[0] <= self.overwrite_ramp[1] <= 1,
-            "overwrite_ramp is [start, end] with 0 <= start <= end <= 1",
+            self.overwrite_ramp,
         )
 
     def to_dict(self) -> dict:
@@ -340,9 +336,12 @@ def train(
         seed=cfg.seed,
         params=cfg.task_params,
         curriculum=Curriculum(
-            cfg.curriculum_start, cfg.curriculum_end, cfg.curriculum_ramp_frac, cfg.curriculum_dist
+            cfg.curriculum_start,
+            cfg.curriculum_end,
+            cfg.curriculum_ramp_frac,
+            cfg.curriculum_dist,
+            cfg.overwrite_ramp,
         ),
-        overwrite_ramp=cfg.overwrite_ramp,
     )
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()

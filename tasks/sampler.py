@@ -25,8 +25,16 @@ class Curriculum:
     # "uniform": n ~ U[0, n_max]; "mixed": half of the batches uniform, half log-uniform
     # (more short sequences, so more steps per second, while long ones still appear)
     dist: str = "uniform"
+    # (start, end) as fractions of training: multi_register draws no overwrites before
+    # ``start`` and reaches its full ``max_overwrites`` at ``end``; (0, 0) = off
+    overwrite_ramp: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
+        ramp = tuple(self.overwrite_ramp)
+        if len(ramp) != 2 or not 0.0 <= ramp[0] <= ramp[1] <= 1.0:
+            raise ValueError(
+                f"overwrite_ramp needs [start, end] with 0 <= start <= end <= 1, got {ramp}"
+            )
         if self.dist not in ("uniform", "mixed"):
             raise ValueError(f"curriculum dist must be uniform or mixed, got {self.dist!r}")
         if not 0 <= self.start <= self.end <= MAX_DISTRACTORS:
@@ -39,6 +47,15 @@ class Curriculum:
         f = 1.0 if self.ramp_frac == 0 else min(1.0, progress / self.ramp_frac)
         return int(round(self.start + f * (self.end - self.start)))
 
+    def max_overwrites(self, progress: float, full: int) -> int:
+        """The multi_register overwrite cap at training progress in [0, 1]."""
+        a, b = self.overwrite_ramp
+        if b == 0.0 or progress >= b:
+            return full
+        if progress < a:
+            return 0
+        return min(full, int(full * (progress - a) / (b - a)) + 1)
+
 
 @dataclass
 class TrainingStream:
@@ -49,9 +66,6 @@ class TrainingStream:
     curriculum: Curriculum = field(default_factory=Curriculum)
     params: dict[str, dict] = field(default_factory=dict)
     width: int = 16  # spread of distractor counts within one batch
-    # (start, end) as fractions of training: multi_register draws no overwrites before
-    # ``start`` and reaches its full ``max_overwrites`` at ``end``; (0, 0) = off
-    overwrite_ramp: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
         if not self.mixture or any(w < 0 for w in self.mixture.values()):
@@ -65,31 +79,23 @@ class TrainingStream:
         self._params = [
             m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)
         ]
-        a, b = self.overwrite_ramp
-        if not 0.0 <= a <= b <= 1.0:
-            raise ValueError(
-                f"overwrite_ramp needs 0 <= start <= end <= 1, got {self.overwrite_ramp}"
-            )
 
-    def max_overwrites(self, progress: float, full: int) -> int:
-        """The multi_register overwrite cap at training progress in [0, 1]."""
-        a, b = self.overwrite_ramp
-        if b == 0.0 or progress >= b:
-            return full
-        if progress < a:
-            return 0
-        return min(full, int(full * (progress - a) / (b - a)) + 1)
-
-    def _params_at(self, i: int, progress: float):
-        p = self._params[i]
-        if self._names[i] == "multi_register" and self.overwrite_ramp[1] > 0:
-            return replace(p, max_overwrites=self.max_overwrites(progress, p.max_overwrites))
-        return p
+    def _params_at(self, progress: float) -> list:
+        """Each task's parameters at ``progress`` (the overwrite curriculum, if any)."""
+        if self.curriculum.overwrite_ramp[1] == 0.0:
+            return self._params
+        return [
+            replace(p, max_overwrites=self.curriculum.max_overwrites(progress, p.max_overwrites))
+            if name == "multi_register"
+            else p
+            for name, p in zip(self._names, self._params, strict=True)
+        ]
 
     def batch(self, index: int, size: int, progress: float) -> list[Example]:
         """Batch number ``index``: a pure function of (seed, index, size, progress)."""
         rng = rng_for(self.seed, "mixture", STREAM_TRAIN, index)
         n_max = self.curriculum.n_max(progress)
+        params = self._params_at(progress)
         out = []
         # One distractor count per batch (each example within +-width/2 of it): batches of
         # similar lengths waste little on padding, and over steps n still covers [0, n_max].
@@ -102,7 +108,7 @@ class TrainingStream:
         for _ in range(size):
             i = int(rng.choice(len(self._names), p=self._probs))
             n = int(rng.integers(lo, hi + 1))
-            out.append(self._mods[i].sample(rng, n, self._params_at(i, progress)))
+            out.append(self._mods[i].sample(rng, n, params[i]))
         return out
 
     def examples(self, progress: float = 1.0) -> Iterator[Example]:

@@ -151,9 +151,10 @@ def test_curriculum_ramps():
 
 
 def test_overwrite_curriculum():
-    s = TrainingStream({"multi_register": 1.0}, seed=0, overwrite_ramp=(0.3, 0.9))
+    c = Curriculum(overwrite_ramp=(0.3, 0.9))
+    s = TrainingStream({"multi_register": 1.0}, seed=0, curriculum=c)
     # the cap: 0 before the ramp, then 1, 2, 3 over thirds of it, the task's 3 at its end
-    assert [s.max_overwrites(p, 3) for p in (0.0, 0.29, 0.3, 0.45, 0.6, 0.8, 0.9, 1.0)] == [
+    assert [c.max_overwrites(p, 3) for p in (0.0, 0.29, 0.3, 0.45, 0.6, 0.8, 0.9, 1.0)] == [
         0, 0, 1, 1, 2, 3, 3, 3,
     ]  # fmt: skip
 
@@ -166,4 +167,4 @@ def test_overwrite_curriculum():
     off = TrainingStream({"multi_register": 1.0}, seed=0)
     assert np.array([ex.overwrites for ex in off.batch(0, 50, 0.0)]).max() == 3
     with pytest.raises(ValueError, match="overwrite_ramp"):
-        TrainingStream({"multi_register": 1.0}, overwrite_ramp=(0.8, 0.2))
+        Curriculum(overwrite_ramp=(0.8, 0.2))
