@@ -131,13 +131,18 @@ def train(
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
     ),
+    device: str = typer.Option(
+        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
+    ),
 ) -> None:
     """Train a full-bandwidth model with the multi-pass objective (writes a run folder)."""
     import json
 
     from fbt_probe.progress import lazy_progress
-    from fbt_probe.train import Divergence, TrainConfig, named_config
+    from fbt_probe.train import Divergence, TrainConfig, named_config, resolve_device
     from fbt_probe.train import train as run_train
+
+    resolve_device(device)  # a bad --device fails before anything is written
 
     path = Path(config)
     if path.suffix == ".json" or path.is_file():
@@ -154,7 +159,12 @@ def train(
     with lazy_progress(f"train {cfg.name}", cfg.steps, delay=0.0) as bar:
         try:
             metrics = run_train(
-                cfg, out, resume=resume, progress=bar, argv=["fbt-probe", *sys.argv[1:]]
+                cfg,
+                out,
+                resume=resume,
+                progress=bar,
+                argv=["fbt-probe", *sys.argv[1:]],
+                device=device,
             )
         except Divergence as e:
             fail(str(e))
@@ -184,6 +194,9 @@ def eval_(
     n_groups: int = typer.Option(
         48, "--n-groups", help="Held-out base instances per task (x 10 counts)."
     ),
+    device: str = typer.Option(
+        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
+    ),
 ) -> None:
     """Answer accuracy on held-out data per task x decoding mode x distractor count."""
     import json
@@ -199,7 +212,11 @@ def eval_(
     if n_groups < 5:
         raise ValueError("--n-groups must be at least 5")
     mode_list = tuple(m.strip() for m in modes.split(","))
+    from fbt_probe.train import resolve_device
+
+    dev = resolve_device(device)
     m, name = resolve_model(model)
+    m = m.to(dev)
     with lazy_progress("eval", len(task_list) * len(mode_list)) as bar:
         summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, progress=bar)
     if as_json:
@@ -241,6 +258,9 @@ def fit(
     no_controls: bool = typer.Option(
         False, "--no-controls", help="Skip the random-init and permuted-label controls."
     ),
+    device: str = typer.Option(
+        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
+    ),
 ) -> None:
     """Fit group-cross-validated linear probes at the colon, at every depth and prefill."""
     from fbt_probe.progress import lazy_progress
@@ -271,7 +291,11 @@ def fit(
         get_task(t)
     if folds < 2:
         raise ValueError("--folds must be at least 2")
+    from fbt_probe.train import resolve_device
+
+    dev = resolve_device(device)
     m, name = resolve_model(model)
+    m = m.to(dev)
     with lazy_progress("fit", 1) as bar:
         df = run_fit(
             m,

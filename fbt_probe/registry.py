@@ -31,7 +31,8 @@ def resolve_model(spec: str | Path | None) -> tuple[FBTModel, str]:
 
 def random_init_like(model: FBTModel, seed: int = 0) -> FBTModel:
     """A random-init model of the same config: the control every probe is compared to."""
-    return FBTModel(model.cfg, seed=seed).eval()
+    device = next(model.parameters()).device
+    return FBTModel(model.cfg, seed=seed).to(device).eval()
 
 
 def install_default(run_dir: str | Path) -> Path:

@@ -64,6 +64,10 @@ class TrainConfig:
             "multi_register": 0.25,
         }
     )
+    # task weights at step 0, moving linearly to ``mixture`` by ``mixture_ramp_frac`` of
+    # training; {} = ``mixture`` throughout (docs/training.md)
+    mixture_start: dict = field(default_factory=dict)
+    mixture_ramp_frac: float = 0.0
     task_params: dict = field(
         default_factory=dict
     )  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
@@ -103,12 +107,23 @@ class TrainConfig:
         need(
             all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
         )
-        Curriculum(
-            self.curriculum_start,
-            self.curriculum_end,
-            self.curriculum_ramp_frac,
-            self.curriculum_dist,
-            self.overwrite_ramp,
+        self.stream()  # validates the curricula and the mixtures
+
+    def stream(self) -> TrainingStream:
+        """The training examples this config draws (seeded, a pure function of the step)."""
+        return TrainingStream(
+            self.mixture,
+            seed=self.seed,
+            params=self.task_params,
+            curriculum=Curriculum(
+                self.curriculum_start,
+                self.curriculum_end,
+                self.curriculum_ramp_frac,
+                self.curriculum_dist,
+                self.overwrite_ramp,
+            ),
+            mixture_start=self.mixture_start or None,
+            mixture_ramp_frac=self.mixture_ramp_frac,
         )
 
     def to_dict(self) -> dict:
@@ -182,6 +197,15 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def to(self, device) -> Batch:
+        return replace(
+            self,
+            **{
+                f: getattr(self, f).to(device)
+                for f in ("tokens", "targets", "answer", "lengths", "prompt_len")
+            },
+        )
+
 
 def make_batch(examples: list[Example]) -> Batch:
     ids = [vocab.encode(ex.tokens) for ex in examples]
@@ -243,7 +267,7 @@ def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
             mod.sample(rng, int(rng.integers(1, 257)), mod.Params(**cfg.task_params.get(task, {})))
             for _ in range(cfg.eval_examples)
         ]
-        b = make_batch(exs)
+        b = make_batch(exs).to(next(model.parameters()).device)
         out = model(b.tokens, passes=passes, lengths=b.lengths)
         for k, p in enumerate(out.passes):
             ok = ((p.logits.argmax(-1) == b.targets) | ~b.answer).all(dim=1)
@@ -275,6 +299,17 @@ class Divergence(RuntimeError):
     pass
 
 
+def diverged(loss_per_pass: float, recent: list[float]) -> bool:
+    """NaN/inf, or a per-pass loss 20x the median of the recent ones (and above 5 nats).
+
+    Per pass, because the summed loss of a 12-pass batch is 12 ordinary losses."""
+    if not math.isfinite(loss_per_pass):
+        return True
+    return (
+        len(recent) >= 50 and loss_per_pass > 20 * float(np.median(recent)) and loss_per_pass > 5.0
+    )
+
+
 def _save_state(path: Path, model, opt, step: int, history: list) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
@@ -291,8 +326,12 @@ def train(
     progress=None,
     stop_after: int | None = None,
     argv: list[str] | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Train ``cfg`` into ``out_dir``; returns the final metrics.
+
+    ``device`` ("cpu", "cuda", "cuda:1", ...) is where the model trains; the examples, the
+    initial weights and the schedule do not depend on it, the floating-point results do.
 
     ``progress(step, total, info)`` is called every step. ``stop_after`` ends the run early
     at that step (with a checkpoint), as an interruption would. On NaN or divergence the
@@ -305,7 +344,8 @@ def train(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    model = FBTModel(cfg.model, seed=cfg.seed)
+    dev = resolve_device(device)
+    model = FBTModel(cfg.model, seed=cfg.seed).to(dev)  # initialised on the CPU, then moved
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -324,25 +364,14 @@ def train(
             raise ValueError(
                 f"{out} was trained with a different config; resume it with the same one"
             )
-        st = torch.load(state_path, weights_only=False)
+        st = torch.load(state_path, weights_only=False, map_location=dev)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]
     (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     with open(out / "command.txt", "a") as f:
         f.write(shlex.join(argv if argv is not None else sys.argv) + "\n")
-    stream = TrainingStream(
-        cfg.mixture,
-        seed=cfg.seed,
-        params=cfg.task_params,
-        curriculum=Curriculum(
-            cfg.curriculum_start,
-            cfg.curriculum_end,
-            cfg.curriculum_ramp_frac,
-            cfg.curriculum_dist,
-            cfg.overwrite_ramp,
-        ),
-    )
+    stream = cfg.stream()
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()
     tokens_seen, tok_t0 = 0, time.monotonic()
@@ -353,23 +382,21 @@ def train(
     for step in range(start, end):
         rng = step_rng(cfg, step)
         passes = int(rng.choice(len(cfg.pass_mix), p=pass_probs(cfg, step))) + 1
-        batch = make_batch(stream.batch(step, cfg.batch_size, step / cfg.steps))
+        batch = make_batch(stream.batch(step, cfg.batch_size, step / cfg.steps)).to(dev)
         prefix = None
         if cfg.prefix_mixin and passes > 1:
             use = rng.random(len(batch.lengths)) < cfg.prefix_prob
-            draw = np.floor(rng.random(len(batch.lengths)) * batch.prompt_len.numpy()).astype(int)
-            prefix = torch.tensor(np.where(use, draw, 0))
+            draw = np.floor(rng.random(len(batch.lengths)) * batch.prompt_len.cpu().numpy())
+            prefix = torch.tensor(np.where(use, draw.astype(int), 0), device=dev)
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # jitter noise, reproducible per step
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
         loss, stats = multipass_loss(model, batch, passes, cfg, prefix)
         lv = loss.item()
-        if not math.isfinite(lv) or (
-            len(recent) >= 50 and lv > 20 * float(np.median(recent)) and lv > 5.0
-        ):
+        if diverged(lv / passes, recent):
             raise Divergence(
-                f"training diverged at step {step} (loss {lv:.4g}, recent median {np.median(recent) if recent else float('nan'):.4g}); "
-                f"the last good checkpoint is in {out}"
+                f"training diverged at step {step} (loss per pass {lv / passes:.4g}, recent median "
+                f"{np.median(recent) if recent else float('nan'):.4g}); the last good checkpoint is in {out}"
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -418,6 +445,7 @@ def train(
         "finished": final_step >= cfg.steps,
         "seed": cfg.seed,
         "git_revision": revision,
+        "device": str(dev),
         "wall_seconds_this_session": time.monotonic() - t0,
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
         "final_eval": quick_eval(model, cfg),
@@ -434,6 +462,26 @@ def train(
         },
     )
     return metrics
+
+
+def resolve_device(device: str) -> torch.device:
+    """A torch device from "cpu", "cuda", "cuda:N" or "auto" (cuda when available), checked."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; use cpu, cuda, cuda:N or auto")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but this torch sees no CUDA GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r} asked for, but only {torch.cuda.device_count()} GPU(s) exist"
+            )
+    return dev
 
 
 def named_config(name: str) -> TrainConfig:

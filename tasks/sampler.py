@@ -57,6 +57,15 @@ class Curriculum:
         return min(full, int(full * (progress - a) / (b - a)) + 1)
 
 
+def _normalised(weights: dict[str, float], names: list[str], what: str) -> np.ndarray:
+    if not weights or any(w < 0 for w in weights.values()):
+        raise ValueError(f"{what} needs at least one task and non-negative weights")
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError(f"{what} weights sum to zero")
+    return np.array([weights.get(n, 0.0) / total for n in names])
+
+
 @dataclass
 class TrainingStream:
     """``for ex in stream.examples(progress_fn)``: endless examples, reproducible by seed."""
@@ -66,19 +75,35 @@ class TrainingStream:
     curriculum: Curriculum = field(default_factory=Curriculum)
     params: dict[str, dict] = field(default_factory=dict)
     width: int = 16  # spread of distractor counts within one batch
+    # task weights at the start of training, moving linearly to ``mixture`` by progress
+    # ``mixture_ramp_frac``; None = ``mixture`` throughout
+    mixture_start: dict[str, float] | None = None
+    mixture_ramp_frac: float = 0.0
 
     def __post_init__(self):
-        if not self.mixture or any(w < 0 for w in self.mixture.values()):
-            raise ValueError("mixture needs at least one task and non-negative weights")
-        total = sum(self.mixture.values())
-        if total <= 0:
-            raise ValueError("mixture weights sum to zero")
         self._names = list(self.mixture)
-        self._probs = np.array([self.mixture[n] / total for n in self._names])
+        self._probs = _normalised(self.mixture, self._names, "mixture")
+        self._start = None
+        if self.mixture_start is not None:
+            extra = set(self.mixture_start) - set(self.mixture)
+            if extra:
+                raise ValueError(
+                    f"mixture_start names tasks not in the mixture: {', '.join(sorted(extra))}"
+                )
+            self._start = _normalised(self.mixture_start, self._names, "mixture_start")
+        if not 0.0 <= self.mixture_ramp_frac <= 1.0:
+            raise ValueError(f"mixture_ramp_frac must be in [0, 1], got {self.mixture_ramp_frac}")
         self._mods = [get_task(n) for n in self._names]
         self._params = [
             m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)
         ]
+
+    def probs_at(self, progress: float) -> np.ndarray:
+        """Each task's share of the examples at training progress in [0, 1]."""
+        if self._start is None:
+            return self._probs
+        f = 1.0 if self.mixture_ramp_frac == 0 else min(1.0, progress / self.mixture_ramp_frac)
+        return (1.0 - f) * self._start + f * self._probs
 
     def _params_at(self, progress: float) -> list:
         """Each task's parameters at ``progress`` (the overwrite curriculum, if any)."""
@@ -96,6 +121,7 @@ class TrainingStream:
         rng = rng_for(self.seed, "mixture", STREAM_TRAIN, index)
         n_max = self.curriculum.n_max(progress)
         params = self._params_at(progress)
+        probs = self.probs_at(progress)
         out = []
         # One distractor count per batch (each example within +-width/2 of it): batches of
         # similar lengths waste little on padding, and over steps n still covers [0, n_max].
@@ -106,7 +132,7 @@ class TrainingStream:
         lo = max(0, center - self.width // 2)
         hi = min(n_max, lo + self.width)
         for _ in range(size):
-            i = int(rng.choice(len(self._names), p=self._probs))
+            i = int(rng.choice(len(self._names), p=probs))
             n = int(rng.integers(lo, hi + 1))
             out.append(self._mods[i].sample(rng, n, params[i]))
         return out

@@ -168,3 +168,27 @@ def test_overwrite_curriculum():
     assert np.array([ex.overwrites for ex in off.batch(0, 50, 0.0)]).max() == 3
     with pytest.raises(ValueError, match="overwrite_ramp"):
         Curriculum(overwrite_ramp=(0.8, 0.2))
+
+
+def test_mixture_schedule():
+    mix = {"delayed_memory": 1.0, "done_tracking": 3.0, "multi_register": 1.0}
+    s = TrainingStream(mix, seed=0, mixture_start={"multi_register": 1.0}, mixture_ramp_frac=0.4)
+    np.testing.assert_allclose(s.probs_at(0.0), [0, 0, 1])
+    np.testing.assert_allclose(
+        s.probs_at(0.2), 0.5 * np.array([0, 0, 1]) + 0.5 * np.array([0.2, 0.6, 0.2])
+    )
+    np.testing.assert_allclose(s.probs_at(0.4), [0.2, 0.6, 0.2])
+    # at the start every example is multi_register; mid-ramp the shares are in between
+    assert {ex.task for i in range(5) for ex in s.batch(i, 32, 0.0)} == {"multi_register"}
+    mid = [ex.task for i in range(40) for ex in s.batch(i, 32, 0.2)]
+    assert 0.5 < mid.count("multi_register") / len(mid) < 0.7
+    # once the ramp is over the stream is the plain mixture's, example for example
+    plain = TrainingStream(mix, seed=0)
+    for p in (0.4, 0.9):
+        assert [e.text for e in s.batch(7, 32, p)] == [e.text for e in plain.batch(7, 32, p)]
+    with pytest.raises(ValueError, match="not in the mixture: done_tracking"):
+        TrainingStream({"delayed_memory": 1.0}, mixture_start={"done_tracking": 1.0})
+    with pytest.raises(ValueError, match="mixture_start weights sum to zero"):
+        TrainingStream(mix, mixture_start={"multi_register": 0.0})
+    with pytest.raises(ValueError, match="mixture_ramp_frac"):
+        TrainingStream(mix, mixture_start={"multi_register": 1.0}, mixture_ramp_frac=1.5)

@@ -21,6 +21,7 @@ from fbt_probe.train import (
     multipass_loss,
     named_config,
     pass_probs,
+    resolve_device,
     train,
 )
 from tasks import get_task
@@ -114,6 +115,15 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert st["step"] == 6 and all(torch.isfinite(v).all() for v in st["model"].values())
 
 
+def test_divergence_is_judged_per_pass():
+    recent = [1.8] * 60
+    # a 12-pass batch whose passes are each ordinary (summed loss 12 x 3.3 = 40) is no divergence
+    assert not T.diverged(40.0 / 12, recent)
+    assert T.diverged(40.0, recent) and T.diverged(float("nan"), recent)
+    assert not T.diverged(40.0, recent[:10])  # too little history to judge
+    assert not T.diverged(4.0, [0.1] * 60)  # 40x the median but below 5 nats
+
+
 def test_train_cli_tiny_and_eval_json(tmp_path):
     r = CliRunner().invoke(
         app, ["train", "--config", "tiny", "--out", str(tmp_path / "run"), "--set", "steps=6"]
@@ -175,3 +185,63 @@ def test_train_bad_input(tmp_path, bad):
         and r.stderr.startswith("error:")
         and len(r.stderr.strip().splitlines()) == 1
     )
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    for bad, msg in (("tpu", "unknown device"), ("meta", "unsupported device"), ("cuda:99", "GPU")):
+        with pytest.raises(ValueError, match=msg):
+            resolve_device(bad)
+
+
+def test_train_and_eval_cli_refuse_a_missing_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for cmd in (["train", "--config", "tiny", "--out", str(tmp_path / "run")], ["eval"], ["fit"]):
+        r = CliRunner().invoke(app, [*cmd, "--device", "cuda"])
+        assert r.exit_code == 1 and r.output.strip().count("\n") == 0
+        assert "sees no CUDA GPU" in r.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_training_matches_cpu(tmp_path):
+    """The same tiny run on the GPU and the CPU: same data and initial weights, so the
+    losses agree up to floating-point differences, and the run folder loads on the CPU."""
+    base = named_config("tiny")
+    # no jitter: its noise comes from the device's own generator, so it differs across devices
+    cfg = tiny(steps=12, eval_every=6, checkpoint_every=6, model=replace(base.model, jitter=0.0))
+    a = train(cfg, tmp_path / "cpu", device="cpu")
+    b = train(cfg, tmp_path / "gpu", device="cuda")
+    assert b["device"].startswith("cuda") and a["device"] == "cpu"
+    la = [h["loss"] for h in a["history"]]
+    lb = [h["loss"] for h in b["history"]]
+    np.testing.assert_allclose(lb, la, rtol=2e-3)
+    m = load_model(tmp_path / "gpu" / "model")
+    assert next(m.parameters()).device.type == "cpu"
+    b = make_batch(get_task("done_tracking").generate(4, (0, 5, 40), seed=0))
+    with torch.no_grad():
+        cpu = m(b.tokens, passes=3, lengths=b.lengths)
+        gpu = m.to("cuda")(b.tokens.cuda(), passes=3, lengths=b.lengths.cuda())
+    for pc, pg in zip(cpu.passes, gpu.passes, strict=True):
+        torch.testing.assert_close(pg.logits.cpu(), pc.logits, atol=2e-3, rtol=1e-3)
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "gpu"),
+            "--json",
+            "--device",
+            "cuda",
+            "--n-groups",
+            "5",
+            "--modes",
+            "standard,fused",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert set(got) == {"delayed_memory", "done_tracking", "multi_register"}
+    assert all(set(v) == {"standard", "fused"} for v in got.values())
