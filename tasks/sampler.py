@@ -3,7 +3,9 @@
 Draws come from the ``STREAM_TRAIN`` seed stream, never the probe stream, so training
 data and probe datasets are disjoint by construction (a test checks it by content hash).
 Distractor counts follow a curriculum: ``n ~ U[0, n_max(step)]`` with ``n_max`` ramped
-linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training.
+linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training. Optionally the
+multi_register overwrites ramp up too (``Curriculum.overwrite_ramp``), and the task weights
+move from ``mixture_start`` to ``mixture`` over the first ``mixture_ramp_frac``.
 """
 
 from __future__ import annotations
