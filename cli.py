@@ -59,6 +59,9 @@ def user_errors(fn):
     return wrapper
 
 
+DEVICE_HELP = "Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
+
+
 @app.command()
 @user_errors
 def generate(
@@ -131,9 +134,7 @@ def train(
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
     ),
-    device: str = typer.Option(
-        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
-    ),
+    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a full-bandwidth model with the multi-pass objective (writes a run folder)."""
     import json
@@ -194,9 +195,7 @@ def eval_(
     n_groups: int = typer.Option(
         48, "--n-groups", help="Held-out base instances per task (x 10 counts)."
     ),
-    device: str = typer.Option(
-        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
-    ),
+    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
     """Answer accuracy on held-out data per task x decoding mode x distractor count."""
     import json
@@ -258,9 +257,7 @@ def fit(
     no_controls: bool = typer.Option(
         False, "--no-controls", help="Skip the random-init and permuted-label controls."
     ),
-    device: str = typer.Option(
-        "cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
-    ),
+    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
     """Fit group-cross-validated linear probes at the colon, at every depth and prefill."""
     from fbt_probe.progress import lazy_progress
