@@ -339,12 +339,12 @@ def train(
     """
     out = Path(out_dir)
     state_path = out / "state.pt"
+    dev = resolve_device(device)  # before anything is written
     if out.exists() and any(out.iterdir()) and not resume:
         raise FileExistsError(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    dev = resolve_device(device)
     model = FBTModel(cfg.model, seed=cfg.seed).to(dev)  # initialised on the CPU, then moved
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
