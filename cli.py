@@ -213,9 +213,7 @@ def eval_(
     mode_list = tuple(m.strip() for m in modes.split(","))
     from fbt_probe.train import resolve_device
 
-    dev = resolve_device(device)
-    m, name = resolve_model(model)
-    m = m.to(dev)
+    m, name = resolve_model(model, resolve_device(device))
     with lazy_progress("eval", len(task_list) * len(mode_list)) as bar:
         summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, progress=bar)
     if as_json:
@@ -290,9 +288,7 @@ def fit(
         raise ValueError("--folds must be at least 2")
     from fbt_probe.train import resolve_device
 
-    dev = resolve_device(device)
-    m, name = resolve_model(model)
-    m = m.to(dev)
+    m, name = resolve_model(model, resolve_device(device))
     with lazy_progress("fit", 1) as bar:
         df = run_fit(
             m,

@@ -11,22 +11,23 @@ DEFAULTS = Path(__file__).resolve().parent / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
 
 
-def resolve_model(spec: str | Path | None) -> tuple[FBTModel, str]:
+def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FBTModel, str]:
     """``default`` (or None) -> the packaged default; otherwise a model folder (a training
-    run folder works too: its ``model/`` subfolder is used). Returns (model, description)."""
+    run folder works too: its ``model/`` subfolder is used). Returns (model on ``device``,
+    description)."""
     if spec is None or str(spec) == "default":
         if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
             raise FileNotFoundError(
                 f"the built-in default model is missing from {DEFAULT_MODEL_DIR}; "
                 "train it with 'fbt-probe train' or pass --model DIR"
             )
-        return load_model(DEFAULT_MODEL_DIR), "default"
+        return load_model(DEFAULT_MODEL_DIR, device), "default"
     path = Path(spec)
     if (path / "model" / "model.safetensors").is_file() and not (
         path / "model.safetensors"
     ).is_file():
         path = path / "model"
-    return load_model(path), str(path)
+    return load_model(path, device), str(path)
 
 
 def random_init_like(model: FBTModel, seed: int = 0) -> FBTModel:

@@ -26,7 +26,7 @@ from fbt_probe.config import FBTConfig, reject_unknown_keys
 from fbt_probe.model import FBTModel
 from tasks import TASK_NAMES, vocab
 from tasks.base import Example
-from tasks.sampler import Curriculum, TrainingStream
+from tasks.sampler import Curriculum, TrainingStream, ramp
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
 
@@ -179,7 +179,7 @@ def pass_probs(cfg: TrainConfig, step: int) -> np.ndarray:
     f = step / cfg.steps
     if f < cfg.single_pass_frac:
         return one
-    r = 1.0 if cfg.mix_ramp_frac == 0 else min(1.0, (f - cfg.single_pass_frac) / cfg.mix_ramp_frac)
+    r = ramp(f - cfg.single_pass_frac, cfg.mix_ramp_frac)
     return (1 - r) * one + r * final
 
 

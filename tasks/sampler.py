@@ -19,6 +19,11 @@ from tasks import get_task
 from tasks.base import MAX_DISTRACTORS, STREAM_TRAIN, Example, rng_for
 
 
+def ramp(progress: float, frac: float) -> float:
+    """0 -> 1 linearly over the first ``frac`` of training, 1 after it (and when frac is 0)."""
+    return 1.0 if frac == 0 else min(1.0, progress / frac)
+
+
 @dataclass(frozen=True)
 class Curriculum:
     start: int = 8
@@ -32,10 +37,10 @@ class Curriculum:
     overwrite_ramp: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
-        ramp = tuple(self.overwrite_ramp)
-        if len(ramp) != 2 or not 0.0 <= ramp[0] <= ramp[1] <= 1.0:
+        ow = tuple(self.overwrite_ramp)
+        if len(ow) != 2 or not 0.0 <= ow[0] <= ow[1] <= 1.0:
             raise ValueError(
-                f"overwrite_ramp needs [start, end] with 0 <= start <= end <= 1, got {ramp}"
+                f"overwrite_ramp needs [start, end] with 0 <= start <= end <= 1, got {ow}"
             )
         if self.dist not in ("uniform", "mixed"):
             raise ValueError(f"curriculum dist must be uniform or mixed, got {self.dist!r}")
@@ -46,8 +51,7 @@ class Curriculum:
 
     def n_max(self, progress: float) -> int:
         """Largest distractor count at training progress in [0, 1]."""
-        f = 1.0 if self.ramp_frac == 0 else min(1.0, progress / self.ramp_frac)
-        return int(round(self.start + f * (self.end - self.start)))
+        return int(round(self.start + ramp(progress, self.ramp_frac) * (self.end - self.start)))
 
     def max_overwrites(self, progress: float, full: int) -> int:
         """The multi_register overwrite cap at training progress in [0, 1]."""
@@ -104,7 +108,7 @@ class TrainingStream:
         """Each task's share of the examples at training progress in [0, 1]."""
         if self._start is None:
             return self._probs
-        f = 1.0 if self.mixture_ramp_frac == 0 else min(1.0, progress / self.mixture_ramp_frac)
+        f = ramp(progress, self.mixture_ramp_frac)
         return (1.0 - f) * self._start + f * self._probs
 
     def _params_at(self, progress: float) -> list:
