@@ -68,6 +68,10 @@ class TrainConfig:
     # training; {} = ``mixture`` throughout (docs/training.md)
     mixture_start: dict = field(default_factory=dict)
     mixture_ramp_frac: float = 0.0
+    # task weights late in training: from ``mixture`` at the first fraction of training to
+    # ``mixture_late`` at the second; {} = ``mixture`` to the end (docs/training.md)
+    mixture_late: dict = field(default_factory=dict)
+    mixture_late_ramp: tuple[float, float] = (1.0, 1.0)
     task_params: dict = field(
         default_factory=dict
     )  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
@@ -75,6 +79,7 @@ class TrainConfig:
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
     curriculum_dist: str = "mixed"
+    curriculum_log_share: float = 0.5  # under "mixed": the share of log-uniform batches
     # multi_register overwrites: none before the first fraction of training, the task's full
     # max_overwrites from the second on; (0, 0) = off (docs/training.md)
     overwrite_ramp: tuple[float, float] = (0.0, 0.0)
@@ -120,10 +125,13 @@ class TrainConfig:
                 self.curriculum_end,
                 self.curriculum_ramp_frac,
                 self.curriculum_dist,
+                self.curriculum_log_share,
                 self.overwrite_ramp,
             ),
             mixture_start=self.mixture_start or None,
             mixture_ramp_frac=self.mixture_ramp_frac,
+            mixture_late=self.mixture_late or None,
+            mixture_late_ramp=self.mixture_late_ramp,
         )
 
     def to_dict(self) -> dict:
@@ -132,6 +140,7 @@ class TrainConfig:
         d["pass_mix"] = list(self.pass_mix)
         d["answer_weight"] = list(self.answer_weight)
         d["overwrite_ramp"] = list(self.overwrite_ramp)
+        d["mixture_late_ramp"] = list(self.mixture_late_ramp)
         return d
 
     @classmethod
@@ -142,7 +151,7 @@ class TrainConfig:
             d["model"] = (
                 d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
             )
-        for k in ("pass_mix", "answer_weight", "overwrite_ramp"):
+        for k in ("pass_mix", "answer_weight", "overwrite_ramp", "mixture_late_ramp"):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -427,7 +436,7 @@ def train(
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
             info = "  ".join(
                 f"{k}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
-                for k, v in sorted(running.items())
+                for k, v in sorted(running.items(), key=lambda kv: int(kv[0][4:]))
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
         if (step + 1) % cfg.checkpoint_every == 0:

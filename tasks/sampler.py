@@ -4,8 +4,9 @@ Draws come from the ``STREAM_TRAIN`` seed stream, never the probe stream, so tra
 data and probe datasets are disjoint by construction (a test checks it by content hash).
 Distractor counts follow a curriculum: ``n ~ U[0, n_max(step)]`` with ``n_max`` ramped
 linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training. Optionally the
-multi_register overwrites ramp up too (``Curriculum.overwrite_ramp``), and the task weights
-move from ``mixture_start`` to ``mixture`` over the first ``mixture_ramp_frac``.
+multi_register overwrites ramp up too (``Curriculum.overwrite_ramp``), the task weights
+move from ``mixture_start`` to ``mixture`` over the first ``mixture_ramp_frac``, and from
+``mixture`` to ``mixture_late`` between the two fractions of ``mixture_late_ramp``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Curriculum:
     # "uniform": n ~ U[0, n_max]; "mixed": half of the batches uniform, half log-uniform
     # (more short sequences, so more steps per second, while long ones still appear)
     dist: str = "uniform"
+    # under "mixed", the share of batches whose count is drawn log-uniformly
+    log_share: float = 0.5
     # (start, end) as fractions of training: multi_register draws no overwrites before
     # ``start`` and reaches its full ``max_overwrites`` at ``end``; (0, 0) = off
     overwrite_ramp: tuple[float, float] = (0.0, 0.0)
@@ -48,6 +51,8 @@ class Curriculum:
             raise ValueError(f"curriculum needs 0 <= start <= end <= {MAX_DISTRACTORS}")
         if not 0.0 <= self.ramp_frac <= 1.0:
             raise ValueError("ramp_frac must be in [0, 1]")
+        if not 0.0 <= self.log_share <= 1.0:
+            raise ValueError(f"curriculum log_share must be in [0, 1], got {self.log_share}")
 
     def n_max(self, progress: float) -> int:
         """Largest distractor count at training progress in [0, 1]."""
@@ -85,27 +90,51 @@ class TrainingStream:
     # ``mixture_ramp_frac``; None = ``mixture`` throughout
     mixture_start: dict[str, float] | None = None
     mixture_ramp_frac: float = 0.0
+    # task weights late in training: from ``mixture`` at progress ``mixture_late_ramp[0]``
+    # linearly to ``mixture_late`` at ``mixture_late_ramp[1]``; None = ``mixture`` to the end
+    mixture_late: dict[str, float] | None = None
+    mixture_late_ramp: tuple[float, float] = (1.0, 1.0)
 
     def __post_init__(self):
         self._names = list(self.mixture)
         self._probs = _normalised(self.mixture, self._names, "mixture")
-        self._start = None
-        if self.mixture_start is not None:
-            extra = set(self.mixture_start) - set(self.mixture)
-            if extra:
-                raise ValueError(
-                    f"mixture_start names tasks not in the mixture: {', '.join(sorted(extra))}"
-                )
-            self._start = _normalised(self.mixture_start, self._names, "mixture_start")
+        self._start = self._other("mixture_start", self.mixture_start)
+        self._late = self._other("mixture_late", self.mixture_late)
         if not 0.0 <= self.mixture_ramp_frac <= 1.0:
             raise ValueError(f"mixture_ramp_frac must be in [0, 1], got {self.mixture_ramp_frac}")
+        late_ramp = tuple(self.mixture_late_ramp)
+        if len(late_ramp) != 2 or not 0.0 <= late_ramp[0] <= late_ramp[1] <= 1.0:
+            raise ValueError(
+                "mixture_late_ramp needs [start, end] with 0 <= start <= end <= 1, got "
+                f"{list(late_ramp)}"
+            )
+        a = late_ramp[0]
+        if self._late is not None and self._start is not None and a < self.mixture_ramp_frac:
+            raise ValueError(
+                f"mixture_late_ramp starts at {a}, before mixture_ramp_frac "
+                f"({self.mixture_ramp_frac}) has reached the mixture"
+            )
         self._mods = [get_task(n) for n in self._names]
         self._params = [
             m.Params(**self.params.get(n, {})) for n, m in zip(self._names, self._mods, strict=True)
         ]
 
+    def _other(self, what: str, weights: dict[str, float] | None) -> np.ndarray | None:
+        """``mixture_start`` or ``mixture_late`` as shares over the mixture's tasks."""
+        if weights is None:
+            return None
+        extra = set(weights) - set(self.mixture)
+        if extra:
+            raise ValueError(f"{what} names tasks not in the mixture: {', '.join(sorted(extra))}")
+        return _normalised(weights, self._names, what)
+
     def probs_at(self, progress: float) -> np.ndarray:
         """Each task's share of the examples at training progress in [0, 1]."""
+        if self._late is not None:
+            a, b = self.mixture_late_ramp
+            if progress >= a:
+                f = 1.0 if progress >= b else (progress - a) / (b - a)
+                return (1.0 - f) * self._probs + f * self._late
         if self._start is None:
             return self._probs
         f = ramp(progress, self.mixture_ramp_frac)
@@ -131,7 +160,7 @@ class TrainingStream:
         out = []
         # One distractor count per batch (each example within +-width/2 of it): batches of
         # similar lengths waste little on padding, and over steps n still covers [0, n_max].
-        if self.curriculum.dist == "mixed" and rng.random() < 0.5:
+        if self.curriculum.dist == "mixed" and rng.random() < self.curriculum.log_share:
             center = int(np.exp(rng.uniform(0.0, np.log(n_max + 1)))) - 1
         else:
             center = int(rng.integers(0, n_max + 1))

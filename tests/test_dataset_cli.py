@@ -148,6 +148,16 @@ def test_curriculum_ramps():
     assert (
         np.mean(mix) < np.mean(allns) and mix.max() > 200
     )  # more short sequences, long ones remain
+    # a larger log-uniform share: shorter still, on the same batches where both draw uniformly
+    more = TrainingStream(
+        {"delayed_memory": 1.0}, seed=0, curriculum=Curriculum(8, 256, 0.3, "mixed", 0.9)
+    )
+    short = np.concatenate(
+        [[ex.n_distractors for ex in more.batch(i, 20, 1.0)] for i in range(200)]
+    )
+    assert np.mean(short) < 0.8 * np.mean(mix) and short.max() > 128
+    with pytest.raises(ValueError, match="log_share"):
+        Curriculum(dist="mixed", log_share=1.5)
 
 
 def test_overwrite_curriculum():
@@ -192,3 +202,44 @@ def test_mixture_schedule():
         TrainingStream(mix, mixture_start={"multi_register": 0.0})
     with pytest.raises(ValueError, match="mixture_ramp_frac"):
         TrainingStream(mix, mixture_start={"multi_register": 1.0}, mixture_ramp_frac=1.5)
+
+
+def test_late_mixture():
+    mix = {"delayed_memory": 1.0, "done_tracking": 3.0, "multi_register": 1.0}
+    late = {"delayed_memory": 1.0, "done_tracking": 8.0, "multi_register": 1.0}
+    s = TrainingStream(
+        mix,
+        seed=0,
+        mixture_start={"multi_register": 1.0},
+        mixture_ramp_frac=0.2,
+        mixture_late=late,
+        mixture_late_ramp=(0.5, 0.7),
+    )
+    main, end = np.array([0.2, 0.6, 0.2]), np.array([0.1, 0.8, 0.1])
+    np.testing.assert_allclose(s.probs_at(0.0), [0, 0, 1])  # the start is unchanged
+    np.testing.assert_allclose(s.probs_at(0.3), main)
+    np.testing.assert_allclose(s.probs_at(0.5), main)
+    np.testing.assert_allclose(s.probs_at(0.6), 0.5 * main + 0.5 * end)
+    np.testing.assert_allclose(s.probs_at(0.7), end)
+    np.testing.assert_allclose(s.probs_at(1.0), end)
+    at_end = [ex.task for i in range(40) for ex in s.batch(i, 32, 0.9)]
+    assert 0.75 < at_end.count("done_tracking") / len(at_end) < 0.85
+    # before the late ramp the stream is the plain mixture's, example for example
+    plain = TrainingStream(mix, seed=0)
+    assert [e.text for e in s.batch(3, 32, 0.4)] == [e.text for e in plain.batch(3, 32, 0.4)]
+    # a step: the late weights from the ramp's start on
+    step = TrainingStream(mix, seed=0, mixture_late=late, mixture_late_ramp=(0.5, 0.5))
+    np.testing.assert_allclose(step.probs_at(0.49), main)
+    np.testing.assert_allclose(step.probs_at(0.5), end)
+    with pytest.raises(ValueError, match="mixture_late names tasks not in the mixture"):
+        TrainingStream({"delayed_memory": 1.0}, mixture_late={"done_tracking": 1.0})
+    with pytest.raises(ValueError, match="mixture_late_ramp needs"):
+        TrainingStream(mix, mixture_late=late, mixture_late_ramp=(0.7, 0.5))
+    with pytest.raises(ValueError, match="before mixture_ramp_frac"):
+        TrainingStream(
+            mix,
+            mixture_start={"multi_register": 1.0},
+            mixture_ramp_frac=0.6,
+            mixture_late=late,
+            mixture_late_ramp=(0.5, 0.7),
+        )

@@ -176,7 +176,15 @@ def test_eval_matches_teacher_forced_pass_logits():
 
 @pytest.mark.parametrize(
     "bad",
-    [["--config", "nope"], ["--set", "steps"], ["--set", "lr=-1"], ["--config", "missing.json"]],
+    [
+        ["--config", "nope"],
+        ["--set", "steps"],
+        ["--set", "lr=-1"],
+        ["--config", "missing.json"],
+        ["--set", "mixture_late_ramp=[0.9,0.1]"],
+        ["--set", 'mixture_late={"nope":1}'],
+        ["--set", "curriculum_log_share=2"],
+    ],
 )
 def test_train_bad_input(tmp_path, bad):
     r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "x"), *bad])
@@ -185,6 +193,24 @@ def test_train_bad_input(tmp_path, bad):
         and r.stderr.startswith("error:")
         and len(r.stderr.strip().splitlines()) == 1
     )
+
+
+def test_schedule_fields_survive_the_run_folder_round_trip():
+    cfg = TrainConfig().with_overrides(
+        {
+            "mixture_start": {"multi_register": 1.0},
+            "mixture_ramp_frac": 0.25,
+            "mixture_late": {"done_tracking": 3.0, "multi_register": 0.5},
+            "mixture_late_ramp": [0.5, 0.6],
+            "curriculum_log_share": 0.75,
+        }
+    )
+    assert cfg.mixture_late_ramp == (0.5, 0.6)
+    back = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg
+    s = back.stream()
+    assert s.curriculum.log_share == 0.75
+    np.testing.assert_allclose(s.probs_at(0.7), [0.0, 3.0 / 3.5, 0.5 / 3.5])
 
 
 def test_resolve_device():
