@@ -213,6 +213,36 @@ def test_schedule_fields_survive_the_run_folder_round_trip():
     np.testing.assert_allclose(s.probs_at(0.7), [0.0, 3.0 / 3.5, 0.5 / 3.5])
 
 
+def test_three_tasks_recipe_schedules():
+    # the recipe of docs/training.md run Q: multi_register first, then the mixture, then less
+    # multi_register once it is learned; the other fields are the default's
+    cfg = named_config("three-tasks")
+    s = cfg.stream()
+    assert s._names == ["delayed_memory", "done_tracking", "multi_register"]
+    np.testing.assert_allclose(s.probs_at(0.0), [1 / 3, 0.0, 2 / 3])
+    np.testing.assert_allclose(s.probs_at(0.3), [0.1, 0.6, 0.3])
+    np.testing.assert_allclose(s.probs_at(0.6), np.array([0.5, 3.0, 0.35]) / 3.85)
+    assert {ex.task for i in range(4) for ex in s.batch(i, 32, 0.0)} == {
+        "delayed_memory",
+        "multi_register",
+    }
+    assert [s.curriculum.max_overwrites(p, 3) for p in (0.1, 0.5)] == [0, 3]
+    np.testing.assert_allclose(pass_probs(cfg, cfg.steps - 1)[:3], [0.15, 0.50, 0.25])
+    default = TrainConfig()
+    same_elsewhere = replace(
+        cfg,
+        **{
+            k: getattr(default, k)
+            for k in (
+                "name", "steps", "pass_mix", "answer_weight", "mixture", "mixture_start",
+                "mixture_ramp_frac", "mixture_late", "mixture_late_ramp", "overwrite_ramp",
+                "curriculum_log_share",
+            )
+        },
+    )  # fmt: skip
+    assert same_elsewhere == default
+
+
 def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
