@@ -417,10 +417,9 @@ def train(
         opt.step()
         recent = (recent + [lv / passes])[-200:]
         tokens_seen += batch.n_tokens * passes
-        for k, s in enumerate(stats):
-            key = f"pass{k + 1}"
-            prev = running.get(key, s)
-            running[key] = {m: 0.95 * prev[m] + 0.05 * s[m] for m in s}
+        for k, s in enumerate(stats, start=1):
+            prev = running.get(k, s)
+            running[k] = {m: 0.95 * prev[m] + 0.05 * s[m] for m in s}
         rec = {
             "step": step + 1,
             "passes": passes,
@@ -435,8 +434,8 @@ def train(
         if progress is not None:
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
             info = "  ".join(
-                f"{k}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
-                for k, v in sorted(running.items(), key=lambda kv: int(kv[0][4:]))
+                f"pass{k}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
+                for k, v in sorted(running.items())
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
         if (step + 1) % cfg.checkpoint_every == 0:

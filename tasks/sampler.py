@@ -25,6 +25,14 @@ def ramp(progress: float, frac: float) -> float:
     return 1.0 if frac == 0 else min(1.0, progress / frac)
 
 
+def _check_span(name: str, span) -> tuple[float, float]:
+    """``[start, end]`` as fractions of training, 0 <= start <= end <= 1."""
+    span = tuple(span)
+    if len(span) != 2 or not 0.0 <= span[0] <= span[1] <= 1.0:
+        raise ValueError(f"{name} needs [start, end] with 0 <= start <= end <= 1, got {list(span)}")
+    return span
+
+
 @dataclass(frozen=True)
 class Curriculum:
     start: int = 8
@@ -40,11 +48,7 @@ class Curriculum:
     overwrite_ramp: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
-        ow = tuple(self.overwrite_ramp)
-        if len(ow) != 2 or not 0.0 <= ow[0] <= ow[1] <= 1.0:
-            raise ValueError(
-                f"overwrite_ramp needs [start, end] with 0 <= start <= end <= 1, got {ow}"
-            )
+        _check_span("overwrite_ramp", self.overwrite_ramp)
         if self.dist not in ("uniform", "mixed"):
             raise ValueError(f"curriculum dist must be uniform or mixed, got {self.dist!r}")
         if not 0 <= self.start <= self.end <= MAX_DISTRACTORS:
@@ -102,13 +106,7 @@ class TrainingStream:
         self._late = self._other("mixture_late", self.mixture_late)
         if not 0.0 <= self.mixture_ramp_frac <= 1.0:
             raise ValueError(f"mixture_ramp_frac must be in [0, 1], got {self.mixture_ramp_frac}")
-        late_ramp = tuple(self.mixture_late_ramp)
-        if len(late_ramp) != 2 or not 0.0 <= late_ramp[0] <= late_ramp[1] <= 1.0:
-            raise ValueError(
-                "mixture_late_ramp needs [start, end] with 0 <= start <= end <= 1, got "
-                f"{list(late_ramp)}"
-            )
-        a = late_ramp[0]
+        a = _check_span("mixture_late_ramp", self.mixture_late_ramp)[0]
         if self._late is not None and self._start is not None and a < self.mixture_ramp_frac:
             raise ValueError(
                 f"mixture_late_ramp starts at {a}, before mixture_ramp_frac "
@@ -133,7 +131,7 @@ class TrainingStream:
         if self._late is not None:
             a, b = self.mixture_late_ramp
             if progress >= a:
-                f = 1.0 if progress >= b else (progress - a) / (b - a)
+                f = ramp(progress - a, b - a)
                 return (1.0 - f) * self._probs + f * self._late
         if self._start is None:
             return self._probs
