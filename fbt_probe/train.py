@@ -68,6 +68,10 @@ class TrainConfig:
     # training; {} = ``mixture`` throughout (docs/training.md)
     mixture_start: dict = field(default_factory=dict)
     mixture_ramp_frac: float = 0.0
+    # a first phase: the first ``mixture_first_frac`` of training draws from
+    # ``mixture_first`` alone; the start ramp then begins where it ends ({} = no first phase)
+    mixture_first: dict = field(default_factory=dict)
+    mixture_first_frac: float = 0.0
     # task weights late in training: from ``mixture`` at the first fraction of training to
     # ``mixture_late`` at the second; {} = ``mixture`` to the end (docs/training.md)
     mixture_late: dict = field(default_factory=dict)
@@ -132,6 +136,8 @@ class TrainConfig:
             mixture_ramp_frac=self.mixture_ramp_frac,
             mixture_late=self.mixture_late or None,
             mixture_late_ramp=self.mixture_late_ramp,
+            mixture_first=self.mixture_first or None,
+            mixture_first_frac=self.mixture_first_frac,
         )
 
     def to_dict(self) -> dict:

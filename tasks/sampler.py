@@ -4,8 +4,9 @@ Draws come from the ``STREAM_TRAIN`` seed stream, never the probe stream, so tra
 data and probe datasets are disjoint by construction (a test checks it by content hash).
 Distractor counts follow a curriculum: ``n ~ U[0, n_max(step)]`` with ``n_max`` ramped
 linearly from ``start`` to ``end`` over the first ``ramp_frac`` of training. Optionally the
-multi_register overwrites ramp up too (``Curriculum.overwrite_ramp``), the task weights
-move from ``mixture_start`` to ``mixture`` over the first ``mixture_ramp_frac``, and from
+multi_register overwrites ramp up too (``Curriculum.overwrite_ramp``), the first
+``mixture_first_frac`` of training draws from ``mixture_first`` alone, the task weights then
+move from ``mixture_start`` to ``mixture`` over the next ``mixture_ramp_frac``, and from
 ``mixture`` to ``mixture_late`` between the two fractions of ``mixture_late_ramp``.
 """
 
@@ -90,10 +91,14 @@ class TrainingStream:
     curriculum: Curriculum = field(default_factory=Curriculum)
     params: dict[str, dict] = field(default_factory=dict)
     width: int = 16  # spread of distractor counts within one batch
-    # task weights at the start of training, moving linearly to ``mixture`` by progress
-    # ``mixture_ramp_frac``; None = ``mixture`` throughout
+    # task weights at the start of training (after the first phase, if any), moving linearly
+    # to ``mixture`` over the next ``mixture_ramp_frac``; None = ``mixture`` throughout
     mixture_start: dict[str, float] | None = None
     mixture_ramp_frac: float = 0.0
+    # a first phase: the first ``mixture_first_frac`` of training draws from ``mixture_first``
+    # alone (no ramp into it or out of it); None = no first phase
+    mixture_first: dict[str, float] | None = None
+    mixture_first_frac: float = 0.0
     # task weights late in training: from ``mixture`` at progress ``mixture_late_ramp[0]``
     # linearly to ``mixture_late`` at ``mixture_late_ramp[1]``; None = ``mixture`` to the end
     mixture_late: dict[str, float] | None = None
@@ -104,13 +109,22 @@ class TrainingStream:
         self._probs = _normalised(self.mixture, self._names, "mixture")
         self._start = self._other("mixture_start", self.mixture_start)
         self._late = self._other("mixture_late", self.mixture_late)
+        self._first = self._other("mixture_first", self.mixture_first)
         if not 0.0 <= self.mixture_ramp_frac <= 1.0:
             raise ValueError(f"mixture_ramp_frac must be in [0, 1], got {self.mixture_ramp_frac}")
+        if not 0.0 <= self.mixture_first_frac <= 1.0:
+            raise ValueError(f"mixture_first_frac must be in [0, 1], got {self.mixture_first_frac}")
+        if (self._first is None) != (self.mixture_first_frac == 0.0):
+            raise ValueError("mixture_first and mixture_first_frac > 0 go together")
+        # where the mixture is reached: after the first phase and the start ramp
+        self._reached = self.mixture_first_frac + (
+            self.mixture_ramp_frac if self._start is not None else 0.0
+        )
         a = _check_span("mixture_late_ramp", self.mixture_late_ramp)[0]
-        if self._late is not None and self._start is not None and a < self.mixture_ramp_frac:
+        if self._late is not None and a < self._reached:
             raise ValueError(
-                f"mixture_late_ramp starts at {a}, before mixture_ramp_frac "
-                f"({self.mixture_ramp_frac}) has reached the mixture"
+                f"mixture_late_ramp starts at {a}, before the first phase and the start ramp "
+                f"have reached the mixture ({self._reached:g})"
             )
         self._mods = [get_task(n) for n in self._names]
         self._params = [
@@ -118,7 +132,8 @@ class TrainingStream:
         ]
 
     def _other(self, what: str, weights: dict[str, float] | None) -> np.ndarray | None:
-        """``mixture_start`` or ``mixture_late`` as shares over the mixture's tasks."""
+        """``mixture_start``, ``mixture_late`` or ``mixture_first`` as shares over the
+        mixture's tasks."""
         if weights is None:
             return None
         extra = set(weights) - set(self.mixture)
@@ -128,6 +143,8 @@ class TrainingStream:
 
     def probs_at(self, progress: float) -> np.ndarray:
         """Each task's share of the examples at training progress in [0, 1]."""
+        if self._first is not None and progress < self.mixture_first_frac:
+            return self._first
         if self._late is not None:
             a, b = self.mixture_late_ramp
             if progress >= a:
@@ -135,7 +152,7 @@ class TrainingStream:
                 return (1.0 - f) * self._probs + f * self._late
         if self._start is None:
             return self._probs
-        f = ramp(progress, self.mixture_ramp_frac)
+        f = ramp(progress - self.mixture_first_frac, self.mixture_ramp_frac)
         return (1.0 - f) * self._start + f * self._probs
 
     def _params_at(self, progress: float) -> list:

@@ -235,11 +235,53 @@ def test_late_mixture():
         TrainingStream({"delayed_memory": 1.0}, mixture_late={"done_tracking": 1.0})
     with pytest.raises(ValueError, match="mixture_late_ramp needs"):
         TrainingStream(mix, mixture_late=late, mixture_late_ramp=(0.7, 0.5))
-    with pytest.raises(ValueError, match="before mixture_ramp_frac"):
+    with pytest.raises(ValueError, match="before the first phase and the start ramp"):
         TrainingStream(
             mix,
             mixture_start={"multi_register": 1.0},
             mixture_ramp_frac=0.6,
             mixture_late=late,
             mixture_late_ramp=(0.5, 0.7),
+        )
+
+
+def test_first_phase():
+    mix = {"delayed_memory": 1.0, "done_tracking": 3.0, "multi_register": 1.0}
+    s = TrainingStream(
+        mix,
+        seed=0,
+        mixture_first={"done_tracking": 1.0},
+        mixture_first_frac=0.1,
+        mixture_start={"multi_register": 1.0},
+        mixture_ramp_frac=0.2,
+        mixture_late={"done_tracking": 1.0},
+        mixture_late_ramp=(0.4, 0.5),
+    )
+    main = np.array([0.2, 0.6, 0.2])
+    np.testing.assert_allclose(s.probs_at(0.0), [0, 1, 0])  # the first phase, alone
+    np.testing.assert_allclose(s.probs_at(0.099), [0, 1, 0])
+    np.testing.assert_allclose(s.probs_at(0.1), [0, 0, 1])  # the start ramp begins after it
+    np.testing.assert_allclose(s.probs_at(0.2), 0.5 * np.array([0, 0, 1]) + 0.5 * main)
+    np.testing.assert_allclose(s.probs_at(0.3), main)
+    np.testing.assert_allclose(s.probs_at(0.5), [0, 1, 0])
+    first = [ex.task for i in range(10) for ex in s.batch(i, 32, 0.05)]
+    assert set(first) == {"done_tracking"}
+    # once the ramp has reached the mixture the stream is the plain mixture's
+    plain = TrainingStream(mix, seed=0)
+    assert [e.text for e in s.batch(3, 32, 0.35)] == [e.text for e in plain.batch(3, 32, 0.35)]
+    with pytest.raises(ValueError, match="mixture_first and mixture_first_frac > 0 go together"):
+        TrainingStream(mix, mixture_first={"done_tracking": 1.0})
+    with pytest.raises(ValueError, match="mixture_first and mixture_first_frac > 0 go together"):
+        TrainingStream(mix, mixture_first_frac=0.2)
+    with pytest.raises(ValueError, match="mixture_first names tasks not in the mixture"):
+        TrainingStream({"delayed_memory": 1.0}, mixture_first={"nope": 1.0}, mixture_first_frac=0.1)
+    with pytest.raises(ValueError, match=r"start ramp have reached the mixture \(0.3\)"):
+        TrainingStream(
+            mix,
+            mixture_first={"done_tracking": 1.0},
+            mixture_first_frac=0.1,
+            mixture_start={"multi_register": 1.0},
+            mixture_ramp_frac=0.2,
+            mixture_late={"done_tracking": 1.0},
+            mixture_late_ramp=(0.25, 0.5),
         )

@@ -184,6 +184,7 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", "mixture_late_ramp=[0.9,0.1]"],
         ["--set", 'mixture_late={"nope":1}'],
         ["--set", "curriculum_log_share=2"],
+        ["--set", "mixture_first_frac=0.2"],
     ],
 )
 def test_train_bad_input(tmp_path, bad):
@@ -203,6 +204,8 @@ def test_schedule_fields_survive_the_run_folder_round_trip():
             "mixture_late": {"done_tracking": 3.0, "multi_register": 0.5},
             "mixture_late_ramp": [0.5, 0.6],
             "curriculum_log_share": 0.75,
+            "mixture_first": {"done_tracking": 1.0},
+            "mixture_first_frac": 0.1,
         }
     )
     assert cfg.mixture_late_ramp == (0.5, 0.6)
@@ -211,6 +214,7 @@ def test_schedule_fields_survive_the_run_folder_round_trip():
     s = back.stream()
     assert s.curriculum.log_share == 0.75
     np.testing.assert_allclose(s.probs_at(0.7), [0.0, 3.0 / 3.5, 0.5 / 3.5])
+    np.testing.assert_allclose(s.probs_at(0.05), [0.0, 1.0, 0.0])
 
 
 def test_three_tasks_recipe_schedules():
