@@ -31,18 +31,36 @@ LABELS = (vocab.MORE, vocab.DONE)
 @dataclass(frozen=True)
 class Params:
     max_need: int = 4  # k is uniform in 1..max_need
+    # relative weight of each k in 1..max_need (None = uniform); a training-data option, to
+    # show the hard boundaries (large k) more often
+    need_weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if not 1 <= self.max_need <= len(vocab.COUNTS):
             raise ValueError(f"max_need must be in 1..{len(vocab.COUNTS)}, got {self.max_need}")
+        if self.need_weights is not None:
+            w = tuple(float(x) for x in self.need_weights)
+            if len(w) != self.max_need or min(w) < 0 or sum(w) <= 0:
+                raise ValueError(
+                    f"need_weights needs {self.max_need} non-negative weights (one per k), "
+                    f"not all zero, got {list(self.need_weights)}"
+                )
+            object.__setattr__(self, "need_weights", w)
 
     def to_dict(self) -> dict:
-        return {"max_need": self.max_need}
+        d: dict = {"max_need": self.max_need}
+        if self.need_weights is not None:
+            d["need_weights"] = list(self.need_weights)
+        return d
 
 
 def draw_base(rng: np.random.Generator, done: int, params: Params) -> tuple[int, int]:
     """(k, s) with label ``done``: s sits within two of the threshold."""
-    k = int(rng.integers(1, params.max_need + 1))
+    if params.need_weights is None:
+        k = int(rng.integers(1, params.max_need + 1))
+    else:
+        w = np.array(params.need_weights)
+        k = 1 + int(rng.choice(params.max_need, p=w / w.sum()))
     if done:
         s = k + int(rng.integers(0, 2))
     else:

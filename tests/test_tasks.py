@@ -154,3 +154,25 @@ def test_bad_counts_rejected():
             tasks.get_task("delayed_memory").generate(2, bad, seed=0)
     with pytest.raises(ValueError, match="unknown task"):
         tasks.get_task("nope")
+
+
+def test_done_tracking_need_weights():
+    from tasks import done_tracking as dt
+
+    rng = np.random.default_rng(0)
+    plain = [dt.draw_base(rng, 1, dt.Params()) for _ in range(200)]
+    # uniform k draws exactly as before the option existed (the probe datasets stay the same)
+    rng = np.random.default_rng(0)
+    assert plain == [dt.draw_base(rng, 1, dt.Params(need_weights=None)) for _ in range(200)]
+    p = dt.Params(need_weights=[0, 1, 0, 3])
+    assert p.to_dict() == {"max_need": 4, "need_weights": [0.0, 1.0, 0.0, 3.0]}
+    assert dt.Params().to_dict() == {"max_need": 4}
+    rng = np.random.default_rng(1)
+    draws = [dt.draw_base(rng, d % 2, p) for d in range(4000)]
+    ks = np.bincount([k for k, _ in draws], minlength=5)
+    assert ks[1] == ks[3] == 0 and 0.70 < ks[4] / len(draws) < 0.80
+    # the label is still s >= k at the boundary
+    assert all((s >= k) == bool(d % 2) for d, (k, s) in enumerate(draws))
+    for bad in ([1, 1], [1, -1, 1, 1], [0, 0, 0, 0]):
+        with pytest.raises(ValueError, match="need_weights needs 4 non-negative weights"):
+            dt.Params(need_weights=bad)
