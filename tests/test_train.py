@@ -185,6 +185,7 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", 'mixture_late={"nope":1}'],
         ["--set", "curriculum_log_share=2"],
         ["--set", "mixture_first_frac=0.2"],
+        ["--set", 'task_params={"done_tracking":{"need_weights":[1]}}'],
     ],
 )
 def test_train_bad_input(tmp_path, bad):
