@@ -64,8 +64,8 @@ class TrainConfig:
             "multi_register": 0.25,
         }
     )
-    # task weights at step 0, moving linearly to ``mixture`` by ``mixture_ramp_frac`` of
-    # training; {} = ``mixture`` throughout (docs/training.md)
+    # task weights at step 0 (or where the first phase ends), moving linearly to ``mixture``
+    # over the next ``mixture_ramp_frac`` of training; {} = ``mixture`` throughout
     mixture_start: dict = field(default_factory=dict)
     mixture_ramp_frac: float = 0.0
     # a first phase: the first ``mixture_first_frac`` of training draws from
