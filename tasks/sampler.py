@@ -26,6 +26,12 @@ def ramp(progress: float, frac: float) -> float:
     return 1.0 if frac == 0 else min(1.0, progress / frac)
 
 
+def _check_frac(name: str, x: float) -> None:
+    """A fraction of training (or a share): 0 <= x <= 1."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")
+
+
 def _check_span(name: str, span) -> tuple[float, float]:
     """``[start, end]`` as fractions of training, 0 <= start <= end <= 1."""
     span = tuple(span)
@@ -54,10 +60,8 @@ class Curriculum:
             raise ValueError(f"curriculum dist must be uniform or mixed, got {self.dist!r}")
         if not 0 <= self.start <= self.end <= MAX_DISTRACTORS:
             raise ValueError(f"curriculum needs 0 <= start <= end <= {MAX_DISTRACTORS}")
-        if not 0.0 <= self.ramp_frac <= 1.0:
-            raise ValueError("ramp_frac must be in [0, 1]")
-        if not 0.0 <= self.log_share <= 1.0:
-            raise ValueError(f"curriculum log_share must be in [0, 1], got {self.log_share}")
+        _check_frac("curriculum ramp_frac", self.ramp_frac)
+        _check_frac("curriculum log_share", self.log_share)
 
     def n_max(self, progress: float) -> int:
         """Largest distractor count at training progress in [0, 1]."""
@@ -110,21 +114,19 @@ class TrainingStream:
         self._start = self._other("mixture_start", self.mixture_start)
         self._late = self._other("mixture_late", self.mixture_late)
         self._first = self._other("mixture_first", self.mixture_first)
-        if not 0.0 <= self.mixture_ramp_frac <= 1.0:
-            raise ValueError(f"mixture_ramp_frac must be in [0, 1], got {self.mixture_ramp_frac}")
-        if not 0.0 <= self.mixture_first_frac <= 1.0:
-            raise ValueError(f"mixture_first_frac must be in [0, 1], got {self.mixture_first_frac}")
+        _check_frac("mixture_ramp_frac", self.mixture_ramp_frac)
+        _check_frac("mixture_first_frac", self.mixture_first_frac)
         if (self._first is None) != (self.mixture_first_frac == 0.0):
             raise ValueError("mixture_first and mixture_first_frac > 0 go together")
         # where the mixture is reached: after the first phase and the start ramp
-        self._reached = self.mixture_first_frac + (
+        reached = self.mixture_first_frac + (
             self.mixture_ramp_frac if self._start is not None else 0.0
         )
         a = _check_span("mixture_late_ramp", self.mixture_late_ramp)[0]
-        if self._late is not None and a < self._reached:
+        if self._late is not None and a < reached:
             raise ValueError(
                 f"mixture_late_ramp starts at {a}, before the first phase and the start ramp "
-                f"have reached the mixture ({self._reached:g})"
+                f"have reached the mixture ({reached:g})"
             )
         self._mods = [get_task(n) for n in self._names]
         self._params = [
