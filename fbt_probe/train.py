@@ -82,6 +82,7 @@ class TrainConfig:
     curriculum_start: int = 8
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.3
+    curriculum_hold_frac: float = 0.0  # n_max stays at curriculum_start this long, then ramps
     curriculum_dist: str = "mixed"
     curriculum_log_share: float = 0.5  # under "mixed": the share of log-uniform batches
     # multi_register overwrites: none before the first fraction of training, the task's full
@@ -131,6 +132,7 @@ class TrainConfig:
                 self.curriculum_dist,
                 self.curriculum_log_share,
                 self.overwrite_ramp,
+                self.curriculum_hold_frac,
             ),
             mixture_start=self.mixture_start or None,
             mixture_ramp_frac=self.mixture_ramp_frac,

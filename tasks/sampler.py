@@ -53,6 +53,8 @@ class Curriculum:
     # (start, end) as fractions of training: multi_register draws no overwrites before
     # ``start`` and reaches its full ``max_overwrites`` at ``end``; (0, 0) = off
     overwrite_ramp: tuple[float, float] = (0.0, 0.0)
+    # n_max stays at ``start`` for this first fraction of training; the ramp begins after it
+    hold_frac: float = 0.0
 
     def __post_init__(self):
         _check_span("overwrite_ramp", self.overwrite_ramp)
@@ -62,10 +64,12 @@ class Curriculum:
             raise ValueError(f"curriculum needs 0 <= start <= end <= {MAX_DISTRACTORS}")
         _check_frac("curriculum ramp_frac", self.ramp_frac)
         _check_frac("curriculum log_share", self.log_share)
+        _check_frac("curriculum hold_frac", self.hold_frac)
 
     def n_max(self, progress: float) -> int:
         """Largest distractor count at training progress in [0, 1]."""
-        return int(round(self.start + ramp(progress, self.ramp_frac) * (self.end - self.start)))
+        r = ramp(max(0.0, progress - self.hold_frac), self.ramp_frac)
+        return int(round(self.start + r * (self.end - self.start)))
 
     def max_overwrites(self, progress: float, full: int) -> int:
         """The multi_register overwrite cap at training progress in [0, 1]."""

@@ -158,6 +158,13 @@ def test_curriculum_ramps():
     assert np.mean(short) < 0.8 * np.mean(mix) and short.max() > 128
     with pytest.raises(ValueError, match="log_share"):
         Curriculum(dist="mixed", log_share=1.5)
+    # a hold: n_max stays at start for the first fraction of training, then the same ramp
+    held = Curriculum(start=8, end=256, ramp_frac=0.5, hold_frac=0.2)
+    assert [held.n_max(p) for p in (0.0, 0.2, 0.45, 0.7, 1.0)] == [8, 8, 132, 256, 256]
+    hs = TrainingStream({"delayed_memory": 1.0}, seed=0, curriculum=held)
+    assert max(ex.n_distractors for i in range(20) for ex in hs.batch(i, 20, 0.19)) <= 8
+    with pytest.raises(ValueError, match="hold_frac"):
+        Curriculum(hold_frac=-0.1)
 
 
 def test_overwrite_curriculum():
