@@ -95,6 +95,14 @@ class TrainConfig:
     # stop early (keeping a checkpoint) after this much wall time; 0 = off. The default's
     # 2000 steps took 19.5 min on 2 cores here; the cap keeps a slower machine within 20 minutes.
     max_minutes: float = 19.5
+    # start from this model folder's weights instead of a fresh initialisation ("" = fresh);
+    # its model config must equal ``model``. "default" is the built-in default model.
+    init_from: str = ""
+    # parameters whose names start with one of these prefixes (e.g. "blocks.0.", "W_E") do
+    # not train while the fraction of training done is in [freeze_during[0], freeze_during[1]);
+    # () = none
+    freeze: tuple[str, ...] = ()
+    freeze_during: tuple[float, float] = (0.0, 1.0)
 
     def __post_init__(self):
         def need(c, msg):
@@ -114,6 +122,15 @@ class TrainConfig:
             "schedule fractions in [0, 1]",
         )
         need(0 <= self.prefix_prob <= 1, "prefix_prob in [0, 1]")
+        need(
+            len(self.freeze_during) == 2
+            and 0 <= self.freeze_during[0] <= self.freeze_during[1] <= 1,
+            f"freeze_during must be [start, end] with 0 <= start <= end <= 1, got {list(self.freeze_during)}",
+        )
+        need(
+            all(isinstance(f, str) and f for f in self.freeze),
+            "freeze needs non-empty parameter-name prefixes",
+        )
         need(
             all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
         )
@@ -149,6 +166,8 @@ class TrainConfig:
         d["answer_weight"] = list(self.answer_weight)
         d["overwrite_ramp"] = list(self.overwrite_ramp)
         d["mixture_late_ramp"] = list(self.mixture_late_ramp)
+        d["freeze"] = list(self.freeze)
+        d["freeze_during"] = list(self.freeze_during)
         return d
 
     @classmethod
@@ -159,7 +178,14 @@ class TrainConfig:
             d["model"] = (
                 d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
             )
-        for k in ("pass_mix", "answer_weight", "overwrite_ramp", "mixture_late_ramp"):
+        for k in (
+            "pass_mix",
+            "answer_weight",
+            "overwrite_ramp",
+            "mixture_late_ramp",
+            "freeze",
+            "freeze_during",
+        ):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -361,8 +387,12 @@ def train(
         raise FileExistsError(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
+    model = FBTModel(cfg.model, seed=cfg.seed)  # initialised on the CPU, then moved
+    if cfg.init_from:
+        model.load_state_dict(initial_weights(cfg).state_dict())
+    frozen = frozen_parameters(model, cfg.freeze)  # checked before anything is written
+    model = model.to(dev)
     out.mkdir(parents=True, exist_ok=True)
-    model = FBTModel(cfg.model, seed=cfg.seed).to(dev)  # initialised on the CPU, then moved
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -417,6 +447,9 @@ def train(
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if frozen and cfg.freeze_during[0] <= step / cfg.steps < cfg.freeze_during[1]:
+            for p in frozen:
+                p.grad = None  # AdamW skips it: no update, no weight decay
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         if not math.isfinite(gnorm):
             raise Divergence(
@@ -478,6 +511,33 @@ def train(
         },
     )
     return metrics
+
+
+def initial_weights(cfg: TrainConfig) -> FBTModel:
+    """The model ``cfg.init_from`` names, checked against ``cfg.model``."""
+    from fbt_probe.registry import resolve_model
+
+    src, _ = resolve_model(cfg.init_from)
+    mine = cfg.model.to_dict()
+    diff = sorted(k for k, v in src.cfg.to_dict().items() if k != "jitter" and mine.get(k) != v)
+    if diff:  # jitter only acts in training: it may differ
+        raise ValueError(
+            f"init_from {cfg.init_from!r} has a different model config ({', '.join(diff)}); "
+            "set the same model.* fields"
+        )
+    return src
+
+
+def frozen_parameters(model: FBTModel, prefixes: tuple[str, ...]) -> list[torch.nn.Parameter]:
+    """The parameters whose names start with one of ``prefixes``; each prefix must match."""
+    named = list(model.named_parameters())
+    for f in prefixes:
+        if not any(n.startswith(f) for n, _ in named):
+            raise ValueError(
+                f"freeze prefix {f!r} matches no parameter; names look like "
+                f"{', '.join(n for n, _ in named[:4])}, ..."
+            )
+    return [p for n, p in named if any(n.startswith(f) for f in prefixes)]
 
 
 def resolve_device(device: str) -> torch.device:

@@ -186,6 +186,10 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", "curriculum_log_share=2"],
         ["--set", "mixture_first_frac=0.2"],
         ["--set", 'task_params={"done_tracking":{"need_weights":[1]}}'],
+        ["--set", 'freeze=["nope."]'],
+        ["--set", "freeze_during=[0.5,0.2]"],
+        ["--set", "init_from=/no/such/model"],
+        ["--config", "tiny", "--set", "init_from=default"],  # the default is 4 x 128, tiny is not
     ],
 )
 def test_train_bad_input(tmp_path, bad):
@@ -195,6 +199,43 @@ def test_train_bad_input(tmp_path, bad):
         and r.stderr.startswith("error:")
         and len(r.stderr.strip().splitlines()) == 1
     )
+
+
+def test_init_from_and_freeze(tmp_path):
+    base = tiny(steps=6, single_pass_frac=0.0, mix_ramp_frac=0.0, eval_every=6, checkpoint_every=3)
+    train(base, tmp_path / "a", argv=["test"])
+    a = load_model(tmp_path / "a" / "model").state_dict()
+    frozen = ("blocks.0.", "W_E")
+    # frozen from the start: those weights stay exactly the initial model's, the rest train
+    cfg = replace(base, seed=1, init_from=str(tmp_path / "a"), freeze=frozen)
+    train(cfg, tmp_path / "b", argv=["test"])
+    b = load_model(tmp_path / "b" / "model").state_dict()
+    assert (
+        TrainConfig.from_dict(json.loads((tmp_path / "b" / "train_config.json").read_text())) == cfg
+    )
+    for k in a:
+        if k.startswith(frozen):
+            assert torch.equal(a[k], b[k]), k
+        elif k.endswith(("W_Q", "W_in", "W_U")):
+            assert not torch.allclose(a[k], b[k]), k
+    # frozen from half-way: trained for steps 0-2, then fixed
+    cfg = replace(cfg, freeze_during=(0.5, 1.0))
+    train(cfg, tmp_path / "c", argv=["test"], stop_after=3)
+    mid = load_model(tmp_path / "c" / "model").state_dict()
+    train(cfg, tmp_path / "c", argv=["test"], resume=True)
+    end = load_model(tmp_path / "c" / "model").state_dict()
+    assert not torch.allclose(mid["blocks.0.attn.W_Q"], a["blocks.0.attn.W_Q"])
+    for k in a:
+        assert torch.equal(mid[k], end[k]) == k.startswith(frozen), k
+    # frozen for the first half only: fixed through steps 0-2, trained after
+    cfg = replace(cfg, freeze_during=(0.0, 0.5))
+    train(cfg, tmp_path / "d", argv=["test"], stop_after=3)
+    mid = load_model(tmp_path / "d" / "model").state_dict()
+    train(cfg, tmp_path / "d", argv=["test"], resume=True)
+    end = load_model(tmp_path / "d" / "model").state_dict()
+    for k in a:
+        assert torch.equal(mid[k], a[k]) == k.startswith(frozen), k
+        assert not torch.equal(mid[k], end[k]) or k.startswith("fusion.norm"), k
 
 
 def test_schedule_fields_survive_the_run_folder_round_trip():
