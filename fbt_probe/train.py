@@ -98,11 +98,10 @@ class TrainConfig:
     # start from this model folder's weights instead of a fresh initialisation ("" = fresh);
     # its model config must equal ``model``. "default" is the built-in default model.
     init_from: str = ""
-    # parameters whose names start with one of these prefixes (e.g. "blocks.0.", "W_E") do
-    # not train while the fraction of training done is in [freeze_during[0], freeze_during[1]);
-    # () = none
-    freeze: tuple[str, ...] = ()
-    freeze_during: tuple[float, float] = (0.0, 1.0)
+    # parameter-name prefix -> [start, end]: parameters whose names start with the prefix
+    # (e.g. "blocks.0.", "W_E") get no update while the fraction of training done is in
+    # [start, end); {} = none
+    freeze: dict = field(default_factory=dict)
 
     def __post_init__(self):
         def need(c, msg):
@@ -123,14 +122,19 @@ class TrainConfig:
         )
         need(0 <= self.prefix_prob <= 1, "prefix_prob in [0, 1]")
         need(
-            len(self.freeze_during) == 2
-            and 0 <= self.freeze_during[0] <= self.freeze_during[1] <= 1,
-            f"freeze_during must be [start, end] with 0 <= start <= end <= 1, got {list(self.freeze_during)}",
+            isinstance(self.freeze, dict),
+            f'freeze maps prefixes to windows, e.g. {{"blocks.0.": [0, 0.5]}}, got {self.freeze!r}',
         )
-        need(
-            all(isinstance(f, str) and f for f in self.freeze),
-            "freeze needs non-empty parameter-name prefixes",
-        )
+        for prefix, window in self.freeze.items():
+            need(
+                isinstance(prefix, str)
+                and prefix
+                and isinstance(window, (list, tuple))
+                and len(window) == 2
+                and 0 <= window[0] <= window[1] <= 1,
+                f"freeze maps a parameter-name prefix to [start, end] with 0 <= start <= end "
+                f"<= 1, got {prefix!r}: {window!r}",
+            )
         need(
             all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
         )
@@ -166,8 +170,6 @@ class TrainConfig:
         d["answer_weight"] = list(self.answer_weight)
         d["overwrite_ramp"] = list(self.overwrite_ramp)
         d["mixture_late_ramp"] = list(self.mixture_late_ramp)
-        d["freeze"] = list(self.freeze)
-        d["freeze_during"] = list(self.freeze_during)
         return d
 
     @classmethod
@@ -183,8 +185,6 @@ class TrainConfig:
             "answer_weight",
             "overwrite_ramp",
             "mixture_late_ramp",
-            "freeze",
-            "freeze_during",
         ):
             if k in d:
                 d[k] = tuple(d[k])
@@ -447,9 +447,10 @@ def train(
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if frozen and cfg.freeze_during[0] <= step / cfg.steps < cfg.freeze_during[1]:
-            for p in frozen:
-                p.grad = None  # AdamW skips it: no update, no weight decay
+        for (a, b), params in frozen:
+            if a <= step / cfg.steps < b:
+                for p in params:
+                    p.grad = None  # AdamW skips it: no update, no weight decay
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         if not math.isfinite(gnorm):
             raise Divergence(
@@ -528,16 +529,20 @@ def initial_weights(cfg: TrainConfig) -> FBTModel:
     return src
 
 
-def frozen_parameters(model: FBTModel, prefixes: tuple[str, ...]) -> list[torch.nn.Parameter]:
-    """The parameters whose names start with one of ``prefixes``; each prefix must match."""
+def frozen_parameters(model: FBTModel, freeze: dict) -> list[tuple[tuple[float, float], list]]:
+    """For each prefix of ``freeze``: (its window, the parameters whose names start with it);
+    a prefix that matches no parameter is an error."""
     named = list(model.named_parameters())
-    for f in prefixes:
-        if not any(n.startswith(f) for n, _ in named):
+    out = []
+    for f, window in freeze.items():
+        params = [p for n, p in named if n.startswith(f)]
+        if not params:
             raise ValueError(
                 f"freeze prefix {f!r} matches no parameter; names look like "
                 f"{', '.join(n for n, _ in named[:4])}, ..."
             )
-    return [p for n, p in named if any(n.startswith(f) for f in prefixes)]
+        out.append(((float(window[0]), float(window[1])), params))
+    return out
 
 
 def resolve_device(device: str) -> torch.device:

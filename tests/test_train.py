@@ -186,8 +186,9 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", "curriculum_log_share=2"],
         ["--set", "mixture_first_frac=0.2"],
         ["--set", 'task_params={"done_tracking":{"need_weights":[1]}}'],
-        ["--set", 'freeze=["nope."]'],
-        ["--set", "freeze_during=[0.5,0.2]"],
+        ["--set", 'freeze={"nope.":[0,1]}'],
+        ["--set", 'freeze={"blocks.0.":[0.5,0.2]}'],
+        ["--set", 'freeze=["blocks.0."]'],
         ["--set", "init_from=/no/such/model"],
         ["--config", "tiny", "--set", "init_from=default"],  # the default is 4 x 128, tiny is not
     ],
@@ -207,7 +208,8 @@ def test_init_from_and_freeze(tmp_path):
     a = load_model(tmp_path / "a" / "model").state_dict()
     frozen = ("blocks.0.", "W_E")
     # frozen from the start: those weights stay exactly the initial model's, the rest train
-    cfg = replace(base, seed=1, init_from=str(tmp_path / "a"), freeze=frozen)
+    always = {f: [0.0, 1.0] for f in frozen}
+    cfg = replace(base, seed=1, init_from=str(tmp_path / "a"), freeze=always)
     train(cfg, tmp_path / "b", argv=["test"])
     b = load_model(tmp_path / "b" / "model").state_dict()
     assert (
@@ -219,7 +221,7 @@ def test_init_from_and_freeze(tmp_path):
         elif k.endswith(("W_Q", "W_in", "W_U")):
             assert not torch.allclose(a[k], b[k]), k
     # frozen from half-way: trained for steps 0-2, then fixed
-    cfg = replace(cfg, freeze_during=(0.5, 1.0))
+    cfg = replace(cfg, freeze={f: [0.5, 1.0] for f in frozen})
     train(cfg, tmp_path / "c", argv=["test"], stop_after=3)
     mid = load_model(tmp_path / "c" / "model").state_dict()
     train(cfg, tmp_path / "c", argv=["test"], resume=True)
@@ -228,7 +230,7 @@ def test_init_from_and_freeze(tmp_path):
     for k in a:
         assert torch.equal(mid[k], end[k]) == k.startswith(frozen), k
     # frozen for the first half only: fixed through steps 0-2, trained after
-    cfg = replace(cfg, freeze_during=(0.0, 0.5))
+    cfg = replace(cfg, freeze={f: [0.0, 0.5] for f in frozen})
     train(cfg, tmp_path / "d", argv=["test"], stop_after=3)
     mid = load_model(tmp_path / "d" / "model").state_dict()
     train(cfg, tmp_path / "d", argv=["test"], resume=True)
