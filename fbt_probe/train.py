@@ -68,6 +68,7 @@ class TrainConfig:
     # over the next ``mixture_ramp_frac`` of training; {} = ``mixture`` throughout
     mixture_start: dict = field(default_factory=dict)
     mixture_ramp_frac: float = 0.0
+    mixture_hold_frac: float = 0.0  # mixture_start holds this long before its ramp begins
     # a first phase: the first ``mixture_first_frac`` of training draws from
     # ``mixture_first`` alone; the start ramp then begins where it ends ({} = no first phase)
     mixture_first: dict = field(default_factory=dict)
@@ -157,6 +158,7 @@ class TrainConfig:
             ),
             mixture_start=self.mixture_start or None,
             mixture_ramp_frac=self.mixture_ramp_frac,
+            mixture_hold_frac=self.mixture_hold_frac,
             mixture_late=self.mixture_late or None,
             mixture_late_ramp=self.mixture_late_ramp,
             mixture_first=self.mixture_first or None,

@@ -103,6 +103,8 @@ class TrainingStream:
     # to ``mixture`` over the next ``mixture_ramp_frac``; None = ``mixture`` throughout
     mixture_start: dict[str, float] | None = None
     mixture_ramp_frac: float = 0.0
+    # ``mixture_start`` holds this long (after the first phase) before its ramp begins
+    mixture_hold_frac: float = 0.0
     # a first phase: the first ``mixture_first_frac`` of training draws from ``mixture_first``
     # alone (no ramp into it or out of it); None = no first phase
     mixture_first: dict[str, float] | None = None
@@ -120,11 +122,14 @@ class TrainingStream:
         self._first = self._other("mixture_first", self.mixture_first)
         _check_frac("mixture_ramp_frac", self.mixture_ramp_frac)
         _check_frac("mixture_first_frac", self.mixture_first_frac)
+        _check_frac("mixture_hold_frac", self.mixture_hold_frac)
+        if self.mixture_hold_frac and self._start is None:
+            raise ValueError("mixture_hold_frac > 0 needs mixture_start")
         if (self._first is None) != (self.mixture_first_frac == 0.0):
             raise ValueError("mixture_first and mixture_first_frac > 0 go together")
         # where the mixture is reached: after the first phase and the start ramp
         reached = self.mixture_first_frac + (
-            self.mixture_ramp_frac if self._start is not None else 0.0
+            self.mixture_hold_frac + self.mixture_ramp_frac if self._start is not None else 0.0
         )
         a = _check_span("mixture_late_ramp", self.mixture_late_ramp)[0]
         if self._late is not None and a < reached:
@@ -158,7 +163,10 @@ class TrainingStream:
                 return (1.0 - f) * self._probs + f * self._late
         if self._start is None:
             return self._probs
-        f = ramp(progress - self.mixture_first_frac, self.mixture_ramp_frac)
+        since = progress - self.mixture_first_frac - self.mixture_hold_frac
+        if since < 0:
+            return self._start
+        f = ramp(since, self.mixture_ramp_frac)
         return (1.0 - f) * self._start + f * self._probs
 
     def _params_at(self, progress: float) -> list:

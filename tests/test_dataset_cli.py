@@ -292,3 +292,31 @@ def test_first_phase():
             mixture_late={"done_tracking": 1.0},
             mixture_late_ramp=(0.25, 0.5),
         )
+
+
+def test_mixture_hold():
+    mix = {"delayed_memory": 1.0, "done_tracking": 3.0, "multi_register": 1.0}
+    s = TrainingStream(
+        mix,
+        mixture_first={"done_tracking": 1.0},
+        mixture_first_frac=0.1,
+        mixture_start={"multi_register": 1.0},
+        mixture_hold_frac=0.2,
+        mixture_ramp_frac=0.2,
+    )
+    main = np.array([0.2, 0.6, 0.2])
+    np.testing.assert_allclose(s.probs_at(0.05), [0, 1, 0])
+    np.testing.assert_allclose(s.probs_at(0.1), [0, 0, 1])  # the start weights hold ...
+    np.testing.assert_allclose(s.probs_at(0.29), [0, 0, 1])
+    np.testing.assert_allclose(
+        s.probs_at(0.4), 0.5 * np.array([0, 0, 1]) + 0.5 * main
+    )  # ... then ramp
+    np.testing.assert_allclose(s.probs_at(0.5), main)
+    # a hold with no ramp switches at its end
+    s = TrainingStream(mix, mixture_start={"multi_register": 1.0}, mixture_hold_frac=0.3)
+    np.testing.assert_allclose(s.probs_at(0.29), [0, 0, 1])
+    np.testing.assert_allclose(s.probs_at(0.3), main)
+    with pytest.raises(ValueError, match="mixture_hold_frac > 0 needs mixture_start"):
+        TrainingStream(mix, mixture_hold_frac=0.3)
+    with pytest.raises(ValueError, match="mixture_hold_frac must be in"):
+        TrainingStream(mix, mixture_start={"multi_register": 1.0}, mixture_hold_frac=2)
