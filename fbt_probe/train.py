@@ -182,12 +182,7 @@ class TrainConfig:
             d["model"] = (
                 d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
             )
-        for k in (
-            "pass_mix",
-            "answer_weight",
-            "overwrite_ramp",
-            "mixture_late_ramp",
-        ):
+        for k in ("pass_mix", "answer_weight", "overwrite_ramp", "mixture_late_ramp"):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
