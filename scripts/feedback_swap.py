@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fbt_probe.registry import resolve_model  # noqa: E402
+from fbt_probe.stability import _feedback_step  # noqa: E402
 from tasks import done_tracking, vocab  # noqa: E402
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -48,10 +48,8 @@ def swap_test(model, n: int, seed: int) -> dict[str, float]:
         pre = [h[0, -2].clone() for _, h in runs]  # pass-1 top state before the colon
 
         def pass2(x, h) -> int:
-            emb = model.embed(x)
             plain = model.plain_mask(1, x.shape[1], None, x.device)
-            fused = model.fuse(F.pad(h[:, :-1], (0, 0, 1, 0)), emb, plain)
-            logits = model.stack(fused).logits[0, -1]
+            logits = _feedback_step(model, h, model.embed(x), plain).logits[0, -1]
             return int(logits[done] > logits[more])
 
         out = {"pass2": [], "follow": [], "keep": [], "zeroed": []}
