@@ -120,7 +120,7 @@ def train(
         "default",
         "--config",
         "-c",
-        help="A named recipe (default, paper, no-three-pass, additive, three-tasks, tiny) or a JSON file of TrainConfig.",
+        help="A named recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny) or a JSON file of TrainConfig.",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Run folder (default runs/<config name>)."),
     overrides: list[str] = typer.Option(

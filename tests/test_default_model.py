@@ -52,11 +52,15 @@ def test_default_model_feedback_carries_the_state(tmp_path, task):
     assert r_rec.accuracy >= 0.97
 
 
-@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
-def test_default_model_answers(task):
+@pytest.mark.parametrize(
+    "task,floor", [("delayed_memory", 0.95), ("done_tracking", 0.95), ("multi_register", 0.9)]
+)
+def test_default_model_answers(task, floor):
+    # 30 prompts per task and mode: the floors sit a few errors below the targets of
+    # docs/training.md, which `fbt-probe eval` measures on 432 (48 groups x counts 1..256)
     model, _ = resolve_model("default")
     summary, _ = evaluate(
         model, (task,), ("standard", "fused"), n_groups=10, distractors=(1, 64, 256)
     )
-    assert summary[task]["standard"]["1-256"] >= 0.95
-    assert summary[task]["fused"]["1-256"] >= 0.95
+    assert summary[task]["standard"]["1-256"] >= floor
+    assert summary[task]["fused"]["1-256"] >= floor

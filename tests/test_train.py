@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from cli import app
 from fbt_probe.checkpoint import load_model
 from fbt_probe.evaluate import evaluate
 from fbt_probe.train import (
+    D_RECIPE,
     TrainConfig,
     lr_at,
     make_batch,
@@ -184,7 +186,7 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", "mixture_late_ramp=[0.9,0.1]"],
         ["--set", 'mixture_late={"nope":1}'],
         ["--set", "curriculum_log_share=2"],
-        ["--set", "mixture_first_frac=0.2"],
+        ["--set", "mixture_first={}"],
         ["--set", 'task_params={"done_tracking":{"need_weights":[1]}}'],
         ["--set", 'freeze={"nope.":[0,1]}'],
         ["--set", 'freeze={"blocks.0.":[0.5,0.2]}'],
@@ -241,7 +243,7 @@ def test_init_from_and_freeze(tmp_path):
 
 
 def test_schedule_fields_survive_the_run_folder_round_trip():
-    cfg = TrainConfig().with_overrides(
+    cfg = named_config("D").with_overrides(
         {
             "mixture_start": {"multi_register": 1.0},
             "mixture_ramp_frac": 0.25,
@@ -263,7 +265,7 @@ def test_schedule_fields_survive_the_run_folder_round_trip():
 
 def test_three_tasks_recipe_schedules():
     # the recipe of docs/training.md run Q: multi_register first, then the mixture, then less
-    # multi_register once it is learned; the other fields are the default's
+    # multi_register once it is learned; the other fields are run D's
     cfg = named_config("three-tasks")
     s = cfg.stream()
     assert s._names == ["delayed_memory", "done_tracking", "multi_register"]
@@ -276,7 +278,7 @@ def test_three_tasks_recipe_schedules():
     }
     assert [s.curriculum.max_overwrites(p, 3) for p in (0.1, 0.5)] == [0, 3]
     np.testing.assert_allclose(pass_probs(cfg, cfg.steps - 1)[:3], [0.15, 0.50, 0.25])
-    default = TrainConfig()
+    default = D_RECIPE
     same_elsewhere = replace(
         cfg,
         **{
@@ -349,3 +351,14 @@ def test_cuda_training_matches_cpu(tmp_path):
     got = json.loads(r.output)
     assert set(got) == {"delayed_memory", "done_tracking", "multi_register"}
     assert all(set(v) == {"standard", "fused"} for v in got.values())
+
+
+def test_named_recipes_derive_from_run_d():
+    # paper, no-three-pass, additive, three-tasks and the documented commands of runs up to K3
+    # are run D's recipe with changes: D must stay exactly the config run D was trained with
+    d = json.loads((Path(__file__).parent / "data" / "D_train_config.json").read_text())
+    assert replace(named_config("D"), name="default") == TrainConfig.from_dict(d)
+    assert named_config("paper") == replace(
+        named_config("D"), name="paper", pass_mix=(0.75, 0.22, 0.03), prefix_mixin=True
+    )
+    assert TrainConfig() != replace(named_config("D"), name="default")
