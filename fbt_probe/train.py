@@ -38,8 +38,9 @@ class TrainConfig:
     linearly to ``pass_mix`` over ``mix_ramp_frac`` of training."""
 
     name: str = "default"
-    # 16 heads of 8: with 4 or 8, pass 1's block 0 cannot both count STEP events for
-    # done_tracking and bind registers for multi_register (docs/training.md, K2 and K3)
+    # 16 heads of 8: pass 1's block 0 counts STEP events for done_tracking and binds
+    # registers for multi_register; with 8 heads pass 1 never learned the binding
+    # (docs/training.md, K2 and K3)
     model: FBTConfig = field(default_factory=lambda: FBTConfig(n_heads=16, jitter=0.2))
     steps: int = 2100
     batch_size: int = 32
@@ -585,8 +586,8 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-# The recipe of the default before K3 (docs/training.md, run D): done_tracking and
-# delayed_memory only, 4 heads. ``paper``, ``no-three-pass``, ``additive`` and ``three-tasks``
+# The default's recipe until the eighth session (docs/training.md, run D): it learns
+# delayed_memory and done_tracking, not multi_register; 4 heads. ``paper``, ``no-three-pass``, ``additive`` and ``three-tasks``
 # are this recipe with one change each, as measured and documented.
 D_RECIPE = replace(
     TrainConfig(),

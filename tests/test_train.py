@@ -362,3 +362,29 @@ def test_named_recipes_derive_from_run_d():
         named_config("D"), name="paper", pass_mix=(0.75, 0.22, 0.03), prefix_mixin=True
     )
     assert TrainConfig() != replace(named_config("D"), name="default")
+
+
+def test_default_recipe_phases():
+    # the phase table of docs/training.md ("default"): tasks, counts, overwrites, passes, freeze
+    cfg = TrainConfig()
+    s = cfg.stream()
+    assert s._names == ["delayed_memory", "done_tracking", "multi_register"]
+    for progress, weights in (
+        (0.05, [0.5, 3.0, 0.0]),
+        (0.30, [0.4, 0.1, 1.0]),
+        (0.70, [0.5, 3.0, 1.0]),
+        (0.95, [0.5, 3.0, 0.35]),
+    ):
+        np.testing.assert_allclose(s.probs_at(progress), np.array(weights) / sum(weights))
+    assert [s.curriculum.n_max(p) for p in (0.0, 0.49, 0.71, 1.0)] == [8, 8, 256, 256]
+    assert [s.curriculum.max_overwrites(p, 3) for p in (0.19, 0.41)] == [0, 3]
+    assert pass_probs(cfg, 0)[0] == 1.0
+    assert pass_probs(cfg, int(0.25 * cfg.steps))[0] > 0.5  # mostly single-pass while mr is learned
+    np.testing.assert_allclose(pass_probs(cfg, int(0.45 * cfg.steps)), cfg.pass_mix)
+    assert cfg.model.n_heads == 16 and set(cfg.freeze) == {
+        "blocks.1.",
+        "blocks.2.",
+        "blocks.3.",
+        "W_E",
+    }
+    assert all(window == [0.0, 0.11] for window in cfg.freeze.values())
