@@ -587,8 +587,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 # The default's recipe until the eighth session (docs/training.md, run D): it learns
-# delayed_memory and done_tracking, not multi_register; 4 heads. ``paper``, ``no-three-pass``, ``additive`` and ``three-tasks``
-# are this recipe with one change each, as measured and documented.
+# delayed_memory and done_tracking, not multi_register; 4 heads. ``paper``,
+# ``no-three-pass`` and ``additive`` are this recipe with one change each, ``three-tasks``
+# with its task schedule; their documented results were measured that way.
 D_RECIPE = replace(
     TrainConfig(),
     name="D",
