@@ -54,6 +54,10 @@ class TrainConfig:
     pass_mix: tuple[float, ...] = (0.15, 0.50, 0.25, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,)
     single_pass_frac: float = 0.04
     mix_ramp_frac: float = 0.40
+    # the pass mix late in training: from ``pass_mix`` at the first fraction of training to
+    # ``pass_mix_late`` at the second; () = ``pass_mix`` to the end (docs/training.md)
+    pass_mix_late: tuple[float, ...] = ()
+    pass_mix_late_ramp: tuple[float, float] = (1.0, 1.0)
     prefix_mixin: bool = False
     prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
     answer_weight: tuple[float, float] = (
@@ -97,9 +101,12 @@ class TrainConfig:
         }
     )
     mixture_late_ramp: tuple[float, float] = (0.72, 0.85)
+    # per task, e.g. {"multi_register": {"max_overwrites": 2}}; the default draws
+    # done_tracking's hard boundaries (k = 3, 4 steps) more often: its count drifted there
+    # under full recurrence (docs/training.md, L2)
     task_params: dict = field(
-        default_factory=dict
-    )  # per task, e.g. {"multi_register": {"max_overwrites": 2}}
+        default_factory=lambda: {"done_tracking": {"need_weights": [1, 1, 2, 3]}}
+    )
     curriculum_start: int = 8
     curriculum_end: int = 256
     curriculum_ramp_frac: float = 0.2
@@ -140,6 +147,17 @@ class TrainConfig:
             and all(p >= 0 for p in self.pass_mix)
             and sum(self.pass_mix) > 0,
             "pass_mix needs non-negative weights",
+        )
+        need(
+            not self.pass_mix_late
+            or (all(p >= 0 for p in self.pass_mix_late) and sum(self.pass_mix_late) > 0),
+            "pass_mix_late needs non-negative weights (or [] for none)",
+        )
+        a, b = (tuple(self.pass_mix_late_ramp) + (None, None))[:2]
+        need(
+            len(self.pass_mix_late_ramp) == 2 and 0 <= a <= b <= 1,
+            f"pass_mix_late_ramp is [start, end] with 0 <= start <= end <= 1, "
+            f"got {list(self.pass_mix_late_ramp)}",
         )
         need(
             0 <= self.single_pass_frac <= 1 and 0 <= self.mix_ramp_frac <= 1,
@@ -196,6 +214,8 @@ class TrainConfig:
         d["answer_weight"] = list(self.answer_weight)
         d["overwrite_ramp"] = list(self.overwrite_ramp)
         d["mixture_late_ramp"] = list(self.mixture_late_ramp)
+        d["pass_mix_late"] = list(self.pass_mix_late)
+        d["pass_mix_late_ramp"] = list(self.pass_mix_late_ramp)
         return d
 
     @classmethod
@@ -206,7 +226,16 @@ class TrainConfig:
             d["model"] = (
                 d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
             )
-        for k in ("pass_mix", "answer_weight", "overwrite_ramp", "mixture_late_ramp"):
+        # configs written before pass_mix_late existed had no late pass mix
+        d.setdefault("pass_mix_late", ())
+        for k in (
+            "pass_mix",
+            "answer_weight",
+            "overwrite_ramp",
+            "mixture_late_ramp",
+            "pass_mix_late",
+            "pass_mix_late_ramp",
+        ):
             if k in d:
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -236,15 +265,28 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def pass_probs(cfg: TrainConfig, step: int) -> np.ndarray:
-    """Probabilities of 1, 2, ... passes at ``step`` (single-pass first, then a ramp)."""
-    final = np.asarray(cfg.pass_mix, dtype=float) / sum(cfg.pass_mix)
-    one = np.zeros_like(final)
+    """Probabilities of 1, 2, ... passes at ``step``: single-pass first, a ramp to
+    ``pass_mix``, and (if set) a late ramp from it to ``pass_mix_late``."""
+    n = max(len(cfg.pass_mix), len(cfg.pass_mix_late))
+
+    def norm(mix):
+        v = np.zeros(n)
+        v[: len(mix)] = mix
+        return v / v.sum()
+
+    final = norm(cfg.pass_mix)
+    one = np.zeros(n)
     one[0] = 1.0
     f = step / cfg.steps
     if f < cfg.single_pass_frac:
         return one
     r = ramp(f - cfg.single_pass_frac, cfg.mix_ramp_frac)
-    return (1 - r) * one + r * final
+    probs = (1 - r) * one + r * final
+    if cfg.pass_mix_late:
+        a, b = cfg.pass_mix_late_ramp
+        s = 1.0 if f >= b else (0.0 if f < a else (f - a) / (b - a))
+        probs = (1 - s) * probs + s * norm(cfg.pass_mix_late)
+    return probs
 
 
 # ---- batches -----------------------------------------------------------------------------
@@ -449,7 +491,8 @@ def train(
     step = start
     for step in range(start, end):
         rng = step_rng(cfg, step)
-        passes = int(rng.choice(len(cfg.pass_mix), p=pass_probs(cfg, step))) + 1
+        probs = pass_probs(cfg, step)
+        passes = int(rng.choice(len(probs), p=probs)) + 1
         batch = make_batch(stream.batch(step, cfg.batch_size, step / cfg.steps)).to(dev)
         prefix = None
         if cfg.prefix_mixin and passes > 1:
@@ -606,6 +649,7 @@ D_RECIPE = replace(
     mixture_first_frac=0.0,
     mixture_late={},
     mixture_late_ramp=(1.0, 1.0),
+    task_params={},
     curriculum_ramp_frac=0.3,
     curriculum_hold_frac=0.0,
     curriculum_log_share=0.5,

@@ -50,6 +50,33 @@ def test_schedules():
     assert lr_at(cfg, 999) == pytest.approx(cfg.lr * cfg.min_lr_frac, rel=1e-3)
 
 
+def test_late_pass_mix():
+    # the mix moves from pass_mix (0.6) to pass_mix_late (0.8), which may be longer; padded
+    cfg = TrainConfig(
+        steps=1000,
+        single_pass_frac=0.0,
+        mix_ramp_frac=0.1,
+        pass_mix=(0.5, 0.5),
+        pass_mix_late=(0.25, 0.25, 0.0, 0.5),
+        pass_mix_late_ramp=(0.6, 0.8),
+    )
+    np.testing.assert_allclose(pass_probs(cfg, 500), [0.5, 0.5, 0, 0])
+    np.testing.assert_allclose(pass_probs(cfg, 700), [0.375, 0.375, 0, 0.25])
+    np.testing.assert_allclose(pass_probs(cfg, 900), [0.25, 0.25, 0, 0.5])
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    # a config written before the knob existed has no late mix, whatever the default is
+    d = cfg.to_dict()
+    del d["pass_mix_late"], d["pass_mix_late_ramp"]
+    assert TrainConfig.from_dict(d).pass_mix_late == ()
+    for bad, msg in (
+        ({"pass_mix_late_ramp": (0.8, 0.6)}, "pass_mix_late_ramp"),
+        ({"pass_mix_late_ramp": (0.5,)}, "pass_mix_late_ramp"),
+        ({"pass_mix_late": (0.0, -1.0)}, "pass_mix_late needs"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            replace(cfg, **bad)
+
+
 def test_loss_is_sum_of_per_pass_next_token_losses():
     from fbt_probe.model import FBTModel
 
