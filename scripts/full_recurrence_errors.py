@@ -31,7 +31,8 @@ SHOW_PASSES = (1, 2, 3, 4, 6, 8, 12, 16, 30)
 
 @torch.no_grad()
 def full_errors(model, n_groups: int = 48, passes: int = 30) -> dict:
-    """``{"n_prompts", "wrong": [(n, k, s, label), ...], "right_at_pass": {p: count}}``."""
+    """``{"n_prompts", "wrong": [(n, k, s, label), ...], "wrong_index": [i, ...],
+    "right_at_pass": {p: count}}``; i indexes eval's held-out prompts with n >= 1."""
     exs = [e for e in heldout_examples("done_tracking", n_groups) if e.n_distractors >= 1]
     prompts = [vocab.encode(e.prompt) for e in exs]
     answer = np.array([vocab.TOKEN_TO_ID[e.answer[0]] for e in exs])
@@ -52,7 +53,12 @@ def full_errors(model, n_groups: int = 48, passes: int = 30) -> dict:
         for p in range(1, passes + 1):
             pred = out.passes[p - 1].logits[at, lengths - 1].argmax(-1).numpy()
             right[p] = int((pred == answer[bad]).sum())
-    return {"n_prompts": len(exs), "wrong": wrong, "right_at_pass": right}
+    return {
+        "n_prompts": len(exs),
+        "wrong": wrong,
+        "wrong_index": [int(i) for i in bad],
+        "right_at_pass": right,
+    }
 
 
 def main() -> None:

@@ -409,4 +409,6 @@ def test_default_recipe_phases():
     assert pass_probs(cfg, int(0.25 * cfg.steps))[0] > 0.5  # mostly single-pass while mr is learned
     np.testing.assert_allclose(pass_probs(cfg, int(0.45 * cfg.steps)), cfg.pass_mix)
     assert cfg.model.n_heads == 16
+    assert cfg.task_params == {"done_tracking": {"need_weights": [1, 1, 2, 3]}}
+    assert cfg.pass_mix_late == ()
     assert cfg.freeze == {p: [0.0, 0.11] for p in ("blocks.1.", "blocks.2.", "blocks.3.", "W_E")}

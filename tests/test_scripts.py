@@ -1,0 +1,62 @@
+"""scripts/full_recurrence_errors.py against `evaluate` on the same held-out prompts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fbt_probe.decode import generate_ragged
+from fbt_probe.evaluate import evaluate, heldout_examples
+from fbt_probe.model import FBTModel
+from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
+from fbt_probe.train import named_config
+from tasks import vocab
+
+
+def _script(name: str):
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _check_against_eval(model, n_groups: int, passes: int) -> dict:
+    r = _script("full_recurrence_errors").full_errors(model, n_groups=n_groups, passes=passes)
+    summary, _ = evaluate(model, ("done_tracking",), ("standard", "full"), n_groups=n_groups)
+    n = r["n_prompts"]
+    assert n == n_groups * 9
+    assert len(r["wrong"]) == round((1 - summary["done_tracking"]["full"]["1-256"]) * n)
+    exs = [e for e in heldout_examples("done_tracking", n_groups) if e.n_distractors >= 1]
+    for i, (dist, k, s, label) in zip(r["wrong_index"], r["wrong"], strict=True):
+        assert dist == exs[i].n_distractors and label == exs[i].answer[0]
+        assert label == (vocab.DONE if s >= k else vocab.MORE)
+    if r["wrong"]:
+        assert set(r["right_at_pass"]) == set(range(1, passes + 1))
+        # pass 1 read at the colon is standard decoding's first token
+        prompts = [vocab.encode(exs[i].prompt) for i in r["wrong_index"]]
+        std = np.array(generate_ragged(model, prompts, "standard", 1))[:, 0]
+        answer = np.array([vocab.TOKEN_TO_ID[exs[i].answer[0]] for i in r["wrong_index"]])
+        assert r["right_at_pass"][1] == int((std == answer).sum())
+    return r
+
+
+def test_full_recurrence_errors_match_eval():
+    # an untrained tiny model is wrong everywhere: the script's list must be eval's
+    # full-mode errors, with n, k, s and the label read from the right prompts
+    model = FBTModel(named_config("tiny").model, seed=3).eval()
+    r = _check_against_eval(model, n_groups=4, passes=3)
+    assert len(r["wrong"]) > 0
+
+
+@pytest.mark.skipif(
+    not (DEFAULT_MODEL_DIR / "model.safetensors").is_file(), reason="no default model"
+)
+def test_full_recurrence_errors_of_the_default_model():
+    # the shipped model is mostly right: its few errors, and pass 1 against standard decoding
+    model, _ = resolve_model("default")
+    r = _check_against_eval(model.eval(), n_groups=16, passes=6)
+    assert len(r["wrong"]) <= 0.05 * r["n_prompts"]
