@@ -26,7 +26,7 @@ from fbt_probe.config import FBTConfig, reject_unknown_keys
 from fbt_probe.model import FBTModel
 from tasks import TASK_NAMES, vocab
 from tasks.base import Example
-from tasks.sampler import Curriculum, TrainingStream, ramp
+from tasks.sampler import Curriculum, TrainingStream, _check_span, ramp
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
 
@@ -153,12 +153,7 @@ class TrainConfig:
             or (all(p >= 0 for p in self.pass_mix_late) and sum(self.pass_mix_late) > 0),
             "pass_mix_late needs non-negative weights (or [] for none)",
         )
-        a, b = (tuple(self.pass_mix_late_ramp) + (None, None))[:2]
-        need(
-            len(self.pass_mix_late_ramp) == 2 and 0 <= a <= b <= 1,
-            f"pass_mix_late_ramp is [start, end] with 0 <= start <= end <= 1, "
-            f"got {list(self.pass_mix_late_ramp)}",
-        )
+        _check_span("pass_mix_late_ramp", self.pass_mix_late_ramp)
         need(
             0 <= self.single_pass_frac <= 1 and 0 <= self.mix_ramp_frac <= 1,
             "schedule fractions in [0, 1]",
@@ -284,8 +279,9 @@ def pass_probs(cfg: TrainConfig, step: int) -> np.ndarray:
     probs = (1 - r) * one + r * final
     if cfg.pass_mix_late:
         a, b = cfg.pass_mix_late_ramp
-        s = 1.0 if f >= b else (0.0 if f < a else (f - a) / (b - a))
-        probs = (1 - s) * probs + s * norm(cfg.pass_mix_late)
+        if f >= a:
+            s = ramp(f - a, b - a)
+            probs = (1 - s) * probs + s * norm(cfg.pass_mix_late)
     return probs
 
 
