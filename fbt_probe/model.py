@@ -218,7 +218,10 @@ class FBTModel(HookedRootModule):
         """tokens (batch, pos) -> e (batch, pos, d_model)."""
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
             raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
-        return self.hook_embed(self.W_E[tokens] * math.sqrt(self.cfg.d_model))
+        # F.embedding, not W_E[tokens]: the indexing's backward (index_put_ with accumulate)
+        # sums W_E's gradient in a thread-dependent order on the CPU, so two runs of the same
+        # training differed by 1e-7 at some step and then drifted apart (docs/training.md)
+        return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
 
     def stack(self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> PassOutput:
         """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos)."""

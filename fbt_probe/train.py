@@ -556,6 +556,10 @@ def train(
         "seed": cfg.seed,
         "git_revision": revision,
         "device": str(dev),
+        # the bits of the weights depend on these too (and on the CPU's instruction set):
+        # the same config, seed, torch version and thread count give the same weights
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
         "wall_seconds_this_session": time.monotonic() - t0,
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
         "final_eval": quick_eval(model, cfg),
