@@ -58,6 +58,13 @@ class TrainConfig:
     # ``pass_mix_late`` at the second; () = ``pass_mix`` to the end (docs/training.md)
     pass_mix_late: tuple[float, ...] = ()
     pass_mix_late_ramp: tuple[float, float] = (1.0, 1.0)
+    # deep-pass batches: a batch of at least ``deep_batch_passes`` passes (0 = off) has
+    # ``deep_batch_size`` examples whose count is drawn from [deep_batch_n_min, n_max], not
+    # from the curriculum's mostly short counts. Under full recurrence the default's count
+    # drifted from Jacobi pass 6 on, at long counts (docs/training.md, tenth session).
+    deep_batch_passes: int = 4
+    deep_batch_size: int = 16
+    deep_batch_n_min: int = 64
     prefix_mixin: bool = False
     prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
     answer_weight: tuple[float, float] = (
@@ -155,6 +162,12 @@ class TrainConfig:
         )
         _check_span("pass_mix_late_ramp", self.pass_mix_late_ramp)
         need(
+            self.deep_batch_passes >= 0
+            and self.deep_batch_size >= 1
+            and self.deep_batch_n_min >= 0,
+            "deep_batch_passes and deep_batch_n_min must be >= 0, deep_batch_size >= 1",
+        )
+        need(
             0 <= self.single_pass_frac <= 1 and 0 <= self.mix_ramp_frac <= 1,
             "schedule fractions in [0, 1]",
         )
@@ -223,6 +236,8 @@ class TrainConfig:
             )
         # configs written before pass_mix_late existed had no late pass mix
         d.setdefault("pass_mix_late", ())
+        # ... and before deep_batch_passes existed, no deep-pass batches of their own
+        d.setdefault("deep_batch_passes", 0)
         for k in (
             "pass_mix",
             "answer_weight",
@@ -326,6 +341,13 @@ def make_batch(examples: list[Example]) -> Batch:
 
 def step_rng(cfg: TrainConfig, step: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([cfg.seed, 777, step]))
+
+
+def draw_batch(cfg: TrainConfig, stream: TrainingStream, step: int, passes: int) -> list[Example]:
+    """Step ``step``'s examples; a deep-pass batch (``deep_batch_*``) draws long counts."""
+    if cfg.deep_batch_passes and passes >= cfg.deep_batch_passes:
+        return stream.batch(step, cfg.deep_batch_size, step / cfg.steps, cfg.deep_batch_n_min)
+    return stream.batch(step, cfg.batch_size, step / cfg.steps)
 
 
 def multipass_loss(model: FBTModel, batch: Batch, passes: int, cfg: TrainConfig, prefix_len=None):
@@ -489,7 +511,7 @@ def train(
         rng = step_rng(cfg, step)
         probs = pass_probs(cfg, step)
         passes = int(rng.choice(len(probs), p=probs)) + 1
-        batch = make_batch(stream.batch(step, cfg.batch_size, step / cfg.steps)).to(dev)
+        batch = make_batch(draw_batch(cfg, stream, step, passes)).to(dev)
         prefix = None
         if cfg.prefix_mixin and passes > 1:
             use = rng.random(len(batch.lengths)) < cfg.prefix_prob
@@ -637,6 +659,7 @@ D_RECIPE = replace(
     TrainConfig(),
     name="D",
     model=FBTConfig(),
+    deep_batch_passes=0,
     steps=2000,
     mix_ramp_frac=0.10,
     pass_mix=(0.25, 0.55, 0.10, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,),

@@ -180,8 +180,14 @@ class TrainingStream:
             for name, p in zip(self._names, self._params, strict=True)
         ]
 
-    def batch(self, index: int, size: int, progress: float) -> list[Example]:
-        """Batch number ``index``: a pure function of (seed, index, size, progress)."""
+    def batch(
+        self, index: int, size: int, progress: float, n_min: int | None = None
+    ) -> list[Example]:
+        """Batch number ``index``: a pure function of (seed, index, size, progress, n_min).
+
+        ``n_min`` (optional) draws the batch's count uniformly from [min(n_min, n_max), n_max]
+        instead of the curriculum's distribution: long examples for the deep-pass batches.
+        """
         rng = rng_for(self.seed, "mixture", STREAM_TRAIN, index)
         n_max = self.curriculum.n_max(progress)
         params = self._params_at(progress)
@@ -189,7 +195,9 @@ class TrainingStream:
         out = []
         # One distractor count per batch (each example within +-width/2 of it): batches of
         # similar lengths waste little on padding, and over steps n still covers [0, n_max].
-        if self.curriculum.dist == "mixed" and rng.random() < self.curriculum.log_share:
+        if n_min is not None:
+            center = int(rng.integers(min(n_min, n_max), n_max + 1))
+        elif self.curriculum.dist == "mixed" and rng.random() < self.curriculum.log_share:
             center = int(np.exp(rng.uniform(0.0, np.log(n_max + 1)))) - 1
         else:
             center = int(rng.integers(0, n_max + 1))

@@ -219,6 +219,30 @@ def test_train_cli_tiny_and_eval_json(tmp_path):
     assert set(res["delayed_memory"]) == {"standard", "soft", "fused", "full"}
     row = res["delayed_memory"]["standard"]
     assert "1-256" in row and "256" in row and all(0.0 <= v <= 1.0 for v in row.values())
+    # --seed draws another held-out sample: the CLI's numbers are evaluate()'s on that seed
+    from fbt_probe.evaluate import heldout_examples
+
+    assert [e.prompt for e in heldout_examples("multi_register", 5, seed=7)] != [
+        e.prompt for e in heldout_examples("multi_register", 5)
+    ]
+    args = [
+        "eval",
+        "-m",
+        str(tmp_path / "run"),
+        "--json",
+        "--n-groups",
+        "5",
+        "-t",
+        "multi_register",
+    ]
+    r4 = CliRunner().invoke(app, [*args, "--modes", "standard", "--seed", "7"])
+    assert r4.exit_code == 0, r4.output
+    want, _ = evaluate(
+        load_model(tmp_path / "run" / "model"), ("multi_register",), ("standard",), 5, seed=7
+    )
+    assert json.loads(r4.stdout) == want
+    r5 = CliRunner().invoke(app, [*args, "--seed", "-1"])
+    assert r5.exit_code == 1 and r5.stderr.strip() == "error: --seed must be >= 0"
 
 
 def test_eval_matches_teacher_forced_pass_logits():
