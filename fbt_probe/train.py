@@ -67,10 +67,9 @@ class TrainConfig:
     deep_batch_n_min: int = 64
     prefix_mixin: bool = False
     prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
-    answer_weight: tuple[float, float] = (
-        10.0,
-        20.0,
-    )  # answer-token loss weight: pass 1, passes >= 2
+    # answer-token loss weight by pass: pass 1, pass 2, ...; the last one holds for every
+    # deeper pass, so (10, 20) is 10 for pass 1 and 20 for passes >= 2
+    answer_weight: tuple[float, ...] = (10.0, 20.0)
     # The default's task schedule (docs/training.md): done_tracking first, then
     # multi_register-heavy while the counts are short, then the mixture, then less
     # multi_register once the counts are long.
@@ -161,6 +160,10 @@ class TrainConfig:
             "pass_mix_late needs non-negative weights (or [] for none)",
         )
         _check_span("pass_mix_late_ramp", self.pass_mix_late_ramp)
+        need(
+            len(self.answer_weight) >= 1 and all(a >= 0 for a in self.answer_weight),
+            "answer_weight needs one or more non-negative weights (pass 1, pass 2, ...)",
+        )
         need(
             self.deep_batch_passes >= 0
             and self.deep_batch_size >= 1
@@ -360,7 +363,8 @@ def multipass_loss(model: FBTModel, batch: Batch, passes: int, cfg: TrainConfig,
         ce = F.cross_entropy(
             p.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
         ).view_as(batch.targets)
-        w = valid.float() + batch.answer.float() * (cfg.answer_weight[min(k, 1)] - 1.0)
+        aw = cfg.answer_weight[min(k, len(cfg.answer_weight) - 1)]
+        w = valid.float() + batch.answer.float() * (aw - 1.0)
         loss = (ce * w).sum() / w.sum()
         total = total + loss
         with torch.no_grad():

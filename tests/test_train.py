@@ -79,6 +79,45 @@ def test_late_pass_mix():
             replace(cfg, **bad)
 
 
+def test_deep_pass_batches_draw_long_counts():
+    from fbt_probe.train import draw_batch
+
+    cfg = TrainConfig(deep_batch_passes=4, deep_batch_size=8, deep_batch_n_min=100)
+    s = cfg.stream()
+    step = int(0.9 * cfg.steps)  # n_max = 256 by now
+    width = s.width
+    for passes in (1, 2, 3):  # shallow: the plain batch, the same one as before the knob
+        got = draw_batch(cfg, s, step, passes)
+        assert [e.prompt for e in got] == [
+            e.prompt for e in s.batch(step, cfg.batch_size, step / cfg.steps)
+        ]
+    counts = []
+    for i in range(40):
+        deep = draw_batch(cfg, s, step + i % 50, 4 + i % 9)
+        assert len(deep) == 8
+        n = [e.n_distractors for e in deep]
+        assert 100 - width // 2 <= min(n) and max(n) <= 256 and max(n) - min(n) <= width
+        counts += n
+    assert np.mean(counts) > 150  # about uniform on [100, 256]; the curriculum's mean is ~60
+    # pure: the same step and passes give the same examples
+    assert [e.prompt for e in draw_batch(cfg, s, step, 6)] == [
+        e.prompt for e in draw_batch(cfg, s, step, 6)
+    ]
+    # n_min above the curriculum's n_max: the count is n_max's neighbourhood, never above
+    early = [e.n_distractors for e in draw_batch(cfg, s, 0, 6)]
+    assert max(early) <= s.curriculum.n_max(0.0) == 8
+    off = replace(cfg, deep_batch_passes=0)
+    assert len(draw_batch(off, s, step, 12)) == cfg.batch_size
+    # a config written before the knob existed has no deep-pass batches, whatever the default
+    d = cfg.to_dict()
+    del d["deep_batch_passes"], d["deep_batch_size"], d["deep_batch_n_min"]
+    assert TrainConfig.from_dict(d).deep_batch_passes == 0
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ({"deep_batch_passes": -1}, {"deep_batch_size": 0}, {"deep_batch_n_min": -5}):
+        with pytest.raises(ValueError, match="deep_batch"):
+            replace(cfg, **bad)
+
+
 def test_loss_is_sum_of_per_pass_next_token_losses():
     from fbt_probe.model import FBTModel
 
@@ -97,6 +136,33 @@ def test_loss_is_sum_of_per_pass_next_token_losses():
     # the answer target sits right after the colon
     for i, ex in enumerate(exs):
         assert b.answer[i].nonzero().flatten().tolist() == [ex.colon_index]
+
+
+def test_answer_weight_by_pass():
+    # pass k's answer tokens weigh answer_weight[k-1]; the last weight holds for deeper passes
+    from fbt_probe.model import FBTModel
+
+    cfg = tiny(answer_weight=(2.0, 5.0, 9.0))
+    model = FBTModel(cfg.model, seed=0).eval()
+    b = make_batch(get_task("done_tracking").generate(4, (3, 9), seed=0))
+    total, _ = multipass_loss(model, b, 4, cfg)
+    out = model(b.tokens, passes=4, lengths=b.lengths)
+    valid = (b.targets != -100).float()
+    ref = 0.0
+    for k, p in enumerate(out.passes):
+        ce = torch.nn.functional.cross_entropy(
+            p.logits.flatten(0, 1), b.targets.flatten().clamp(min=0), reduction="none"
+        ).view_as(b.targets)
+        w = valid + b.answer.float() * ((2.0, 5.0, 9.0, 9.0)[k] - 1.0)
+        ref += float((ce * w).sum().detach() / w.sum())
+    assert total.item() == pytest.approx(ref, rel=1e-5)
+    # the two-weight form keeps its meaning: pass 1, then every pass >= 2
+    two, _ = multipass_loss(model, b, 4, tiny(answer_weight=(2.0, 5.0)))
+    three, _ = multipass_loss(model, b, 4, tiny(answer_weight=(2.0, 5.0, 5.0, 5.0)))
+    assert two.item() == pytest.approx(three.item(), rel=1e-6)
+    for bad in ((), (1.0, -2.0)):
+        with pytest.raises(ValueError, match="answer_weight"):
+            tiny(answer_weight=bad)
 
 
 def test_resume_reaches_the_same_weights(tmp_path):
@@ -283,6 +349,8 @@ def test_eval_matches_teacher_forced_pass_logits():
         ["--set", 'freeze={"blocks.0.":[0.5,0.2]}'],
         ["--set", 'freeze=["blocks.0."]'],
         ["--set", "init_from=/no/such/model"],
+        ["--set", "deep_batch_size=0"],
+        ["--set", "answer_weight=[]"],
         ["--config", "tiny", "--set", "init_from=default"],  # the default is 4 x 128, tiny is not
     ],
 )
