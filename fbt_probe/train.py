@@ -127,7 +127,7 @@ class TrainConfig:
     eval_examples: int = 96
     checkpoint_every: int = 250
     # stop early (keeping a checkpoint) after this much wall time; 0 = off. The default's
-    # 2100 steps took 15-17 min on 2 cores here; the cap keeps a slower machine within 20 minutes.
+    # 2100 steps took 14-18 min on 2 cores here; the cap keeps a slower machine within 20 minutes.
     max_minutes: float = 19.5
     # start from this model folder's weights instead of a fresh initialisation ("" = fresh);
     # its model config must equal ``model``. "default" is the built-in default model.
