@@ -131,6 +131,14 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out from its last checkpoint."
     ),
+    stop_after: int = typer.Option(
+        None,
+        "--stop-after",
+        min=1,
+        help="Stop after this many steps (of the config's schedule), with a checkpoint and a "
+        "model; --resume continues it to the end, bitwise as if never stopped. E.g. to screen "
+        "seeds on the first half of a run.",
+    ),
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
     ),
@@ -156,6 +164,8 @@ def train(
     else:
         cfg = named_config(config)
     cfg = cfg.with_overrides(parse_overrides(overrides))
+    if as_default and stop_after is not None and stop_after < cfg.steps:
+        fail(f"--as-default needs the whole run: --stop-after {stop_after} < steps {cfg.steps}")
     out = out or Path("runs") / cfg.name
     with lazy_progress(f"train {cfg.name}", cfg.steps, delay=0.0) as bar:
         try:
@@ -164,6 +174,7 @@ def train(
                 out,
                 resume=resume,
                 progress=bar,
+                stop_after=stop_after,
                 argv=["fbt-probe", *sys.argv[1:]],
                 device=device,
             )
@@ -178,6 +189,8 @@ def train(
     if as_default:
         from fbt_probe.registry import install_default
 
+        if not metrics["finished"]:
+            fail(f"not installed as the default: the run stopped at step {metrics['steps_done']}")
         typer.echo(f"installed as the default model: {install_default(out)}")
 
 

@@ -311,6 +311,34 @@ def test_train_cli_tiny_and_eval_json(tmp_path):
     assert r5.exit_code == 1 and r5.stderr.strip() == "error: --seed must be >= 0"
 
 
+def test_train_cli_stop_after_then_resume(tmp_path):
+    # --stop-after ends a run early with a model; --resume finishes it bitwise as if never stopped
+    tiny6 = ["train", "--config", "tiny", "--set", "steps=6"]
+    with torch_threads(2):
+        r = CliRunner().invoke(app, [*tiny6, "--out", str(tmp_path / "whole")])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(app, [*tiny6, "--out", str(tmp_path / "p"), "--stop-after", "3"])
+        assert r.exit_code == 0 and "trained 3/6 steps" in r.stdout, r.output
+        m = json.loads((tmp_path / "p" / "metrics.json").read_text())
+        assert m["steps_done"] == 3 and not m["finished"] and len(m["history"]) == 3
+        load_model(tmp_path / "p" / "model")  # the stopped run has a usable model
+        r = CliRunner().invoke(app, [*tiny6, "--out", str(tmp_path / "p"), "--resume"])
+        assert r.exit_code == 0, r.output
+    a = load_model(tmp_path / "whole" / "model").state_dict()
+    b = load_model(tmp_path / "p" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "p" / "metrics.json").read_text())["finished"]
+    assert len((tmp_path / "p" / "command.txt").read_text().splitlines()) == 2
+    # a part of a run is never installed as the default; bad values are one line
+    r = CliRunner().invoke(
+        app, [*tiny6, "--out", str(tmp_path / "q"), "--stop-after", "3", "--as-default"]
+    )
+    assert r.exit_code == 1 and r.stderr.strip().startswith("error: --as-default needs")
+    assert not (tmp_path / "q").exists()
+    r = CliRunner().invoke(app, [*tiny6, "--out", str(tmp_path / "q"), "--stop-after", "0"])
+    assert r.exit_code != 0 and not (tmp_path / "q").exists()
+
+
 def test_eval_matches_teacher_forced_pass_logits():
     # standard and fused decoding of a one-word answer equal the argmax of pass 1 / pass 2
     from fbt_probe.model import FBTModel
