@@ -268,9 +268,14 @@ class FBTModel(HookedRootModule):
         passes: int = 1,
         prefix_len: torch.Tensor | int | None = None,
         lengths: torch.Tensor | None = None,
+        init_states: torch.Tensor | None = None,
     ) -> MultiPassOutput:
         """tokens (batch, pos). Pass 1 runs on plain embeddings; pass k fuses pass k-1's top
         states, shifted right by one position, into every position t >= max(1, prefix_len).
+
+        ``init_states`` (batch, pos, d_model): top states of an earlier forward over the same
+        tokens; pass 1 then fuses them (shifted) like a feedback pass, so this forward
+        continues that one's Jacobi iteration (training's fixed-point batches).
 
         Batches are right-padded: attention is causal, so padding never reaches a real
         position; ``lengths`` (batch,) only zeroes the states of padded positions.
@@ -292,6 +297,12 @@ class FBTModel(HookedRootModule):
             )
         outs: list[PassOutput] = []
         x = emb
+        if init_states is not None:
+            if init_states.shape != emb.shape:
+                raise ValueError(
+                    f"init_states must be {tuple(emb.shape)}, got {tuple(init_states.shape)}"
+                )
+            x = self.fuse(F.pad(init_states[:, :-1], (0, 0, 1, 0)), emb, plain)
         for k in range(passes):
             self._pass = k
             out = self.stack(x)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import FBTConfig, reject_unknown_keys
 from fbt_probe.model import FBTModel
+from fbt_probe.recurrence import run_recurrence
 from tasks import TASK_NAMES, vocab
 from tasks.base import Example
 from tasks.sampler import Curriculum, TrainingStream, _check_span, ramp
@@ -67,6 +68,23 @@ class TrainConfig:
     deep_batch_n_min: int = 64
     prefix_mixin: bool = False
     prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
+    # fixed-point batches (fp_prob 0 = off): from ``fp_start`` of training on, this share of
+    # steps runs a batch of ``fp_batch_size`` examples (counts uniform in [fp_n_min, n_max])
+    # through ``fp_warm`` (a range, drawn per step) feedback passes without gradient and
+    # without jitter, as at inference, then ``fp_passes`` passes with gradient that continue
+    # that Jacobi iteration, with their next-token loss. The deep passes are then trained on
+    # the states that full recurrence reaches, not only on those of the first few passes.
+    # Not the paper's objective: the gradient stops at the warm passes (docs/training.md).
+    fp_prob: float = 0.0
+    fp_start: float = 0.5
+    fp_warm: tuple[int, int] = (8, 24)
+    fp_passes: int = 2
+    fp_batch_size: int = 16
+    fp_n_min: int = 0
+    # warm states from the exact sequential recurrence (what full-recurrence decoding
+    # reads) instead of ``fp_warm`` Jacobi passes; on long prompts it is both exact and
+    # cheaper than two dozen Jacobi passes (docs/training.md)
+    fp_exact: bool = False
     # answer-token loss weight by pass: pass 1, pass 2, ...; the last one holds for every
     # deeper pass, so (10, 20) is 10 for pass 1 and 20 for passes >= 2
     answer_weight: tuple[float, ...] = (10.0, 20.0)
@@ -176,6 +194,18 @@ class TrainConfig:
         )
         need(0 <= self.prefix_prob <= 1, "prefix_prob in [0, 1]")
         need(
+            0 <= self.fp_prob <= 1 and 0 <= self.fp_start <= 1,
+            "fp_prob and fp_start in [0, 1]",
+        )
+        need(
+            len(self.fp_warm) == 2 and 1 <= self.fp_warm[0] <= self.fp_warm[1],
+            f"fp_warm is a range [lo, hi] with 1 <= lo <= hi, got {list(self.fp_warm)}",
+        )
+        need(
+            self.fp_passes >= 1 and self.fp_batch_size >= 1 and self.fp_n_min >= 0,
+            "fp_passes and fp_batch_size must be >= 1, fp_n_min >= 0",
+        )
+        need(
             isinstance(self.freeze, dict),
             f'freeze maps prefixes to windows, e.g. {{"blocks.0.": [0, 0.5]}}, got {self.freeze!r}',
         )
@@ -227,6 +257,7 @@ class TrainConfig:
         d["mixture_late_ramp"] = list(self.mixture_late_ramp)
         d["pass_mix_late"] = list(self.pass_mix_late)
         d["pass_mix_late_ramp"] = list(self.pass_mix_late_ramp)
+        d["fp_warm"] = list(self.fp_warm)
         return d
 
     @classmethod
@@ -241,6 +272,8 @@ class TrainConfig:
         d.setdefault("pass_mix_late", ())
         # ... and before deep_batch_passes existed, no deep-pass batches of their own
         d.setdefault("deep_batch_passes", 0)
+        # ... and before fixed-point batches, none
+        d.setdefault("fp_prob", 0.0)
         for k in (
             "pass_mix",
             "answer_weight",
@@ -248,6 +281,7 @@ class TrainConfig:
             "mixture_late_ramp",
             "pass_mix_late",
             "pass_mix_late_ramp",
+            "fp_warm",
         ):
             if k in d:
                 d[k] = tuple(d[k])
@@ -353,13 +387,59 @@ def draw_batch(cfg: TrainConfig, stream: TrainingStream, step: int, passes: int)
     return stream.batch(step, cfg.batch_size, step / cfg.steps)
 
 
-def multipass_loss(model: FBTModel, batch: Batch, passes: int, cfg: TrainConfig, prefix_len=None):
-    """Sum over passes of the (answer-weighted) mean next-token loss; per-pass stats."""
-    out = model(batch.tokens, passes=passes, prefix_len=prefix_len, lengths=batch.lengths)
+def fixed_point_draw(cfg: TrainConfig, step: int) -> int:
+    """0 if step ``step`` is an ordinary batch, else its number of warm (no-gradient) passes.
+
+    Drawn from its own generator, so configs without fixed-point batches draw exactly
+    what they drew before the option existed."""
+    if cfg.fp_prob <= 0 or step / cfg.steps < cfg.fp_start:
+        return 0
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 778, step]))
+    if rng.random() >= cfg.fp_prob:
+        return 0
+    return int(rng.integers(cfg.fp_warm[0], cfg.fp_warm[1] + 1))
+
+
+@torch.no_grad()
+def warm_states(model: FBTModel, batch: Batch, passes: int, exact: bool = False) -> torch.Tensor:
+    """Top states after ``passes`` Jacobi passes, or (``exact``) of the exact sequential
+    recurrence, as at inference: no gradient, no jitter; padded positions zero."""
+    was = model.training
+    model.eval()
+    try:
+        if not exact:
+            return model(batch.tokens, passes=passes, lengths=batch.lengths).states
+        T = batch.tokens.shape[1]
+        valid = torch.arange(T, device=batch.tokens.device)[None, :] < batch.lengths[:, None]
+        return run_recurrence(model, batch.tokens).states * valid[..., None]
+    finally:
+        model.train(was)
+
+
+def multipass_loss(
+    model: FBTModel,
+    batch: Batch,
+    passes: int,
+    cfg: TrainConfig,
+    prefix_len=None,
+    init_states: torch.Tensor | None = None,
+    first_pass: int = 0,
+):
+    """Sum over passes of the (answer-weighted) mean next-token loss; per-pass stats.
+
+    With ``init_states`` the forward continues from those states (a fixed-point batch);
+    ``first_pass`` is the index of its first pass, which picks the answer weights."""
+    out = model(
+        batch.tokens,
+        passes=passes,
+        prefix_len=prefix_len,
+        lengths=batch.lengths,
+        init_states=init_states,
+    )
     valid = batch.targets != -100
     total = 0.0
     stats = []
-    for k, p in enumerate(out.passes):
+    for k, p in enumerate(out.passes, start=first_pass):
         ce = F.cross_entropy(
             p.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
         ).view_as(batch.targets)
@@ -515,16 +595,23 @@ def train(
         rng = step_rng(cfg, step)
         probs = pass_probs(cfg, step)
         passes = int(rng.choice(len(probs), p=probs)) + 1
-        batch = make_batch(draw_batch(cfg, stream, step, passes)).to(dev)
+        warm = fixed_point_draw(cfg, step)
+        if warm:
+            passes = cfg.fp_passes
+            examples = stream.batch(step, cfg.fp_batch_size, step / cfg.steps, cfg.fp_n_min)
+        else:
+            examples = draw_batch(cfg, stream, step, passes)
+        batch = make_batch(examples).to(dev)
         prefix = None
-        if cfg.prefix_mixin and passes > 1:
+        if cfg.prefix_mixin and passes > 1 and not warm:
             use = rng.random(len(batch.lengths)) < cfg.prefix_prob
             draw = np.floor(rng.random(len(batch.lengths)) * batch.prompt_len.cpu().numpy())
             prefix = torch.tensor(np.where(use, draw.astype(int), 0), device=dev)
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # jitter noise, reproducible per step
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        loss, stats = multipass_loss(model, batch, passes, cfg, prefix)
+        init = warm_states(model, batch, warm, cfg.fp_exact) if warm else None
+        loss, stats = multipass_loss(model, batch, passes, cfg, prefix, init, first_pass=warm)
         lv = loss.item()
         if diverged(lv / passes, recent):
             raise Divergence(
@@ -544,8 +631,9 @@ def train(
             )
         opt.step()
         recent = (recent + [lv / passes])[-200:]
-        tokens_seen += batch.n_tokens * passes
-        for k, s in enumerate(stats, start=1):
+        tokens_seen += batch.n_tokens * (passes + warm)
+        # a fixed-point batch's stats go under "fp" (its last pass), not under its pass index
+        for k, s in [("fp", stats[-1])] if warm else enumerate(stats, start=1):
             prev = running.get(k, s)
             running[k] = {m: 0.95 * prev[m] + 0.05 * s[m] for m in s}
         rec = {
@@ -554,16 +642,22 @@ def train(
             "loss": lv,
             "lr": lr_at(cfg, step),
             "grad_norm": gnorm,
-            **{f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()},
         }
+        if warm:
+            rec["fp_warm"] = "recurrence" if cfg.fp_exact else warm
+            rec.update({f"fp/{m}": v for m, v in stats[-1].items()})
+        else:
+            rec.update({f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()})
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             rec["eval"] = quick_eval(model, cfg)
         history.append(rec)
         if progress is not None:
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
             info = "  ".join(
-                f"pass{k}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
-                for k, v in sorted(running.items())
+                f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
+                for k, v in sorted(
+                    running.items(), key=lambda kv: (kv[0] == "fp", str(kv[0]).zfill(3))
+                )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
         if (step + 1) % cfg.checkpoint_every == 0:

@@ -118,6 +118,25 @@ def test_jacobi_passes_equal_recurrence_on_first_k_positions(model):
 
 
 @torch.no_grad()
+def test_init_states_continue_the_jacobi_iteration(model):
+    # a forward from pass 3's states is passes 4.. of one long forward (training's
+    # fixed-point batches rely on it), padded batches included
+    t = toks(T=11)
+    lengths = torch.tensor([11, 7, 9])
+    full = model(t, passes=5, lengths=lengths)
+    warm = model(t, passes=3, lengths=lengths).states
+    cont = model(t, passes=2, lengths=lengths, init_states=warm)
+    for a, b in zip(full.passes[3:], cont.passes, strict=True):
+        torch.testing.assert_close(b.logits, a.logits, **TOL)
+        torch.testing.assert_close(b.states, a.states, **TOL)
+    # from pass 1's states instead, pass 1 of the continuation is pass 2, not pass 4
+    one = model(t, passes=1, init_states=model(t, passes=1).states)
+    assert (one.logits - full.passes[3].logits).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="init_states must be"):
+        model(t, passes=1, init_states=warm[:, :5])
+
+
+@torch.no_grad()
 def test_pass_two_block_zero_input_by_hand(model):
     t = toks()
     _, caches = model.run_with_pass_caches(t, passes=2)

@@ -118,6 +118,74 @@ def test_deep_pass_batches_draw_long_counts():
             replace(cfg, **bad)
 
 
+def test_fixed_point_batches():
+    from fbt_probe.model import FBTModel
+    from fbt_probe.train import fixed_point_draw, warm_states
+
+    cfg = tiny(steps=400, fp_prob=0.3, fp_start=0.5, fp_warm=(3, 6), fp_passes=2)
+    draws = [fixed_point_draw(cfg, s) for s in range(cfg.steps)]
+    assert not any(draws[:200])  # none before fp_start
+    late = [d for d in draws[200:] if d]
+    assert 0.2 < len(late) / 200 < 0.4 and set(late) == {3, 4, 5, 6}
+    assert draws == [fixed_point_draw(cfg, s) for s in range(cfg.steps)]  # pure
+    assert not any(fixed_point_draw(replace(cfg, fp_prob=0.0), s) for s in range(400))
+    # the loss: passes 4 and 5 of a 5-pass forward, weighted as passes 4 and 5, with no
+    # gradient into the three warm passes
+    cfg = replace(cfg, answer_weight=(2.0, 3.0, 5.0, 7.0, 11.0))
+    model = FBTModel(replace(cfg.model, jitter=0.0), seed=0).train()
+    b = make_batch(get_task("done_tracking").generate(4, (3, 9), seed=0))
+    init = warm_states(model, b, 3)
+    assert model.training and not init.requires_grad
+    total, stats = multipass_loss(model, b, 2, cfg, None, init, first_pass=3)
+    out = model(b.tokens, passes=5, lengths=b.lengths)
+    valid = (b.targets != -100).float()
+    ref = 0.0
+    for k in (3, 4):
+        ce = torch.nn.functional.cross_entropy(
+            out.passes[k].logits.flatten(0, 1), b.targets.flatten().clamp(min=0), reduction="none"
+        ).view_as(b.targets)
+        w = valid + b.answer.float() * (cfg.answer_weight[k] - 1.0)
+        ref += float((ce * w).sum().detach() / w.sum())
+    assert total.item() == pytest.approx(ref, rel=1e-5) and len(stats) == 2
+    # the gradient stops at the warm passes: it equals that of a loss on detached states
+    total.backward()
+    g = model.W_E.grad.clone()
+    model.zero_grad()
+    again, _ = multipass_loss(model, b, 2, cfg, None, init.detach().clone(), first_pass=3)
+    again.backward()
+    torch.testing.assert_close(model.W_E.grad, g)
+    # exact warm states: the sequential recurrence, which T Jacobi passes reach too
+    T = b.tokens.shape[1]
+    exact = warm_states(model, b, 3, exact=True)
+    torch.testing.assert_close(exact, warm_states(model, b, T), atol=2e-5, rtol=1e-4)
+    assert (exact - init).abs().max() > 1e-3  # three passes are not there yet
+    for bad in ({"fp_prob": 1.5}, {"fp_warm": (0, 3)}, {"fp_warm": (5, 2)}, {"fp_passes": 0}):
+        with pytest.raises(ValueError, match="fp_"):
+            replace(cfg, **bad)
+    # a config written before the knob existed has none, whatever the default
+    d = cfg.to_dict()
+    del d["fp_prob"]
+    assert TrainConfig.from_dict(d).fp_prob == 0.0
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_training_with_fixed_point_batches_records_them(tmp_path):
+    cfg = tiny(steps=12, fp_prob=0.5, fp_start=0.25, fp_warm=(2, 4), checkpoint_every=6)
+    exact = train(replace(cfg, steps=6, fp_exact=True), tmp_path / "exact", argv=["test"])
+    assert {h.get("fp_warm") for h in exact["history"][2:]} >= {"recurrence"}
+    with torch_threads(2):
+        train(cfg, tmp_path / "full", argv=["test"])
+        train(cfg, tmp_path / "part", stop_after=7, argv=["test"])
+        train(cfg, tmp_path / "part", resume=True, argv=["test"])
+    hist = json.loads((tmp_path / "full" / "metrics.json").read_text())["history"]
+    fp = [h for h in hist if "fp_warm" in h]
+    assert fp and all(h["step"] > 3 and 2 <= h["fp_warm"] <= 4 for h in fp)
+    assert all(h["passes"] == 2 and "fp/answer_acc" in h and "pass1/loss" not in h for h in fp)
+    a = load_model(tmp_path / "full" / "model").state_dict()
+    b = load_model(tmp_path / "part" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_loss_is_sum_of_per_pass_next_token_losses():
     from fbt_probe.model import FBTModel
 
