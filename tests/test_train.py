@@ -170,7 +170,9 @@ def test_fixed_point_batches():
 
 
 def test_training_with_fixed_point_batches_records_them(tmp_path):
-    cfg = tiny(steps=12, fp_prob=0.5, fp_start=0.25, fp_warm=(2, 4), checkpoint_every=6)
+    cfg = tiny(
+        steps=12, fp_prob=0.5, fp_start=0.25, fp_warm=(2, 4), fp_exact=False, checkpoint_every=6
+    )
     exact = train(replace(cfg, steps=6, fp_exact=True), tmp_path / "exact", argv=["test"])
     assert {h.get("fp_warm") for h in exact["history"][2:]} >= {"recurrence"}
     with torch_threads(2):
@@ -306,9 +308,9 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real = T.multipass_loss
     calls = {"n": 0}
 
-    def poisoned(model, batch, passes, cfg, prefix_len=None):
+    def poisoned(model, batch, passes, cfg, prefix_len=None, *args, **kwargs):
         calls["n"] += 1
-        loss, stats = real(model, batch, passes, cfg, prefix_len)
+        loss, stats = real(model, batch, passes, cfg, prefix_len, *args, **kwargs)
         return (loss * float("nan") if calls["n"] == 7 else loss), stats
 
     monkeypatch.setattr(T, "multipass_loss", poisoned)
