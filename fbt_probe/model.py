@@ -261,6 +261,14 @@ class FBTModel(HookedRootModule):
             p = torch.as_tensor(prefix_len, device=device).long().expand(batch).clamp(min=1)
         return (offset + torch.arange(T, device=device))[None, :] < p[:, None]
 
+    @staticmethod
+    def length_mask(T: int, lengths, device) -> torch.Tensor:
+        """(batch, T) bool: position < that example's length (right padding is False)."""
+        return (
+            torch.arange(T, device=device)[None, :]
+            < torch.as_tensor(lengths, device=device)[:, None]
+        )
+
     # ---- multi-pass forward ----------------------------------------------------------
     def forward(
         self,
@@ -289,12 +297,7 @@ class FBTModel(HookedRootModule):
         self._pass, self._offset = 0, 0  # hooks fired by embed() read these
         emb = self.embed(tokens)
         plain = self.plain_mask(B, T, prefix_len, tokens.device)
-        valid = None
-        if lengths is not None:
-            valid = (
-                torch.arange(T, device=tokens.device)[None, :]
-                < torch.as_tensor(lengths, device=tokens.device)[:, None]
-            )
+        valid = None if lengths is None else self.length_mask(T, lengths, tokens.device)
         outs: list[PassOutput] = []
         x = emb
         if init_states is not None:

@@ -413,8 +413,7 @@ def warm_states(model: FBTModel, batch: Batch, passes: int, exact: bool = False)
     try:
         if not exact:
             return model(batch.tokens, passes=passes, lengths=batch.lengths).states
-        T = batch.tokens.shape[1]
-        valid = torch.arange(T, device=batch.tokens.device)[None, :] < batch.lengths[:, None]
+        valid = model.length_mask(batch.tokens.shape[1], batch.lengths, batch.tokens.device)
         return run_recurrence(model, batch.tokens).states * valid[..., None]
     finally:
         model.train(was)
@@ -635,7 +634,8 @@ def train(
             )
         opt.step()
         recent = (recent + [lv / passes])[-200:]
-        tokens_seen += batch.n_tokens * (passes + warm)
+        # the exact recurrence runs each token through the stack once, Jacobi warm-up ``warm`` times
+        tokens_seen += batch.n_tokens * (passes + (min(warm, 1) if cfg.fp_exact else warm))
         # a fixed-point batch's stats go under "fp" (its last pass), not under its pass index
         for k, s in [("fp", stats[-1])] if warm else enumerate(stats, start=1):
             prev = running.get(k, s)
@@ -660,7 +660,7 @@ def train(
             info = "  ".join(
                 f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
                 for k, v in sorted(
-                    running.items(), key=lambda kv: (kv[0] == "fp", str(kv[0]).zfill(3))
+                    running.items(), key=lambda kv: (kv[0] == "fp", kv[0] != "fp" and kv[0])
                 )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
