@@ -77,9 +77,10 @@ class TrainConfig:
     # that Jacobi iteration, with their next-token loss. The deep passes are then trained on
     # the states that full recurrence reaches, not only on those of the first few passes.
     # Not the paper's objective: the gradient stops at the warm passes (docs/training.md).
-    # the default: a fifth of the steps from 55 % of training on, warm states from the exact
-    # recurrence; with it full-recurrence done_tracking went from 0.979 to 0.993 (N1 -> P1)
-    fp_prob: float = 0.2
+    # the default: 30 % of the steps from 55 % of training on, warm states from the exact
+    # recurrence; with it full-recurrence done_tracking went from 0.979 (N1) to 1.000 (P4),
+    # where a fifth of the steps (P3) reached 0.986 (docs/training.md)
+    fp_prob: float = 0.3
     fp_start: float = 0.55
     fp_warm: tuple[int, int] = (8, 24)
     fp_passes: int = 2
@@ -149,7 +150,8 @@ class TrainConfig:
     eval_examples: int = 96
     checkpoint_every: int = 250
     # stop early (keeping a checkpoint) after this much wall time; 0 = off. The default's
-    # 2300 steps took 18.3 min on 2 cores here (P3); the cap keeps a slower machine within 20 minutes.
+    # 2300 steps took 18.6 min on 2 cores here (P4, 1117 s); the cap keeps a slower machine
+    # within 20 minutes.
     max_minutes: float = 19.5
     # start from this model folder's weights instead of a fresh initialisation ("" = fresh);
     # its model config must equal ``model``. "default" is the built-in default model.
