@@ -661,8 +661,8 @@ def train(
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
             info = "  ".join(
                 f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
-                for k, v in sorted(
-                    running.items(), key=lambda kv: (kv[0] == "fp", kv[0] != "fp" and kv[0])
+                for k, v in sorted(  # passes in order, the fixed-point batches last
+                    running.items(), key=lambda kv: float("inf") if kv[0] == "fp" else kv[0]
                 )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
