@@ -59,6 +59,9 @@ def user_errors(fn):
     return wrapper
 
 
+# reproduce --train keeps the whole job near 20 minutes; the default's 2 300 steps take
+# 18.6 minutes on the 2 CPU cores it was trained on
+REPRODUCE_TRAIN_MINUTES = 19.5
 DEVICE_HELP = "Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
 
 
@@ -120,16 +123,30 @@ def train(
         "default",
         "--config",
         "-c",
-        help="A named recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny) or a JSON file of TrainConfig.",
+        help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny) "
+        "or a recipe file (.toml or .json) that lists only what it changes: 'base' names the "
+        "recipe it changes (default: 'default'). A run folder's train_config.json works too.",
     ),
-    out: Path = typer.Option(None, "--out", "-o", help="Run folder (default runs/<config name>)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Run folder (default runs/<recipe name>)."),
     overrides: list[str] = typer.Option(
         None,
         "--set",
-        help="Override a field, e.g. --set steps=500 --set model.d_model=64 (repeatable).",
+        help="Change one setting; dotted keys reach into the groups and phases, e.g. "
+        "--set steps=500 --set optim.lr=1e-3 --set model.d_model=64 "
+        "--set schedule.2.n_max=64 (repeatable; values are JSON where they parse).",
+    ),
+    max_minutes: float = typer.Option(
+        0.0,
+        "--max-minutes",
+        min=0.0,
+        help="Stop after this much wall time with a checkpoint (0 = no limit); --resume "
+        "continues. A property of this run, not of the recipe.",
     ),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue the run in --out from its last checkpoint."
+        False,
+        "--resume",
+        help="Continue the run in --out from its last checkpoint (same recipe; for a run "
+        "folder of its own, --config DIR/train_config.json).",
     ),
     stop_after: int = typer.Option(
         None,
@@ -138,6 +155,9 @@ def train(
         help="Stop after this many steps (of the config's schedule), with a checkpoint and a "
         "model; --resume continues it to the end, bitwise as if never stopped. E.g. to screen "
         "seeds on the first half of a run.",
+    ),
+    show: bool = typer.Option(
+        False, "--show", help="Print the resolved recipe (JSON) and its phase table; train nothing."
     ),
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
@@ -148,22 +168,17 @@ def train(
     import json
 
     from fbt_probe.progress import lazy_progress
-    from fbt_probe.train import Divergence, TrainConfig, named_config, resolve_device
+    from fbt_probe.recipes import load_recipe
+    from fbt_probe.schedule import table
+    from fbt_probe.train import Divergence, resolve_device
     from fbt_probe.train import train as run_train
 
     resolve_device(device)  # a bad --device fails before anything is written
-
-    path = Path(config)
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        try:
-            cfg = TrainConfig.from_dict(json.loads(path.read_text()))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e.msg})") from None
-    else:
-        cfg = named_config(config)
-    cfg = cfg.with_overrides(parse_overrides(overrides))
+    cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
+    if show:
+        typer.echo(json.dumps(cfg.to_dict(), indent=2))
+        typer.echo("\n" + table(cfg.schedule))
+        return
     if as_default and stop_after is not None and stop_after < cfg.steps:
         fail(f"--as-default needs the whole run: --stop-after {stop_after} < steps {cfg.steps}")
     out = out or Path("runs") / cfg.name
@@ -177,6 +192,7 @@ def train(
                 stop_after=stop_after,
                 argv=["fbt-probe", *sys.argv[1:]],
                 device=device,
+                max_minutes=max_minutes,
             )
         except Divergence as e:
             fail(str(e))
@@ -356,7 +372,10 @@ def reproduce(
         Path("results"), "--out", "-o", help="Results folder (CSV, JSON, figures, report.md)."
     ),
     train_first: bool = typer.Option(
-        False, "--train", help="Retrain the default model first (about 17 minutes on 2 CPU cores)."
+        False,
+        "--train",
+        help="Retrain the default model first (about 19 minutes on 2 CPU cores; stopped "
+        f"after {REPRODUCE_TRAIN_MINUTES:g} minutes with a checkpoint on a slower machine).",
     ),
 ) -> None:
     """generate -> fit (all prefills, all tasks, controls) -> plot -> report, on the default model."""
@@ -377,7 +396,19 @@ def reproduce(
         cfg = named_config("default")
         run_dir = Path("runs") / f"default-{time.strftime('%Y%m%d-%H%M%S')}"
         with lazy_progress("train default", cfg.steps, delay=0.0) as bar:
-            run_train(cfg, run_dir, progress=bar, argv=["fbt-probe", *sys.argv[1:]])
+            metrics = run_train(
+                cfg,
+                run_dir,
+                progress=bar,
+                argv=["fbt-probe", *sys.argv[1:]],
+                max_minutes=REPRODUCE_TRAIN_MINUTES,
+            )
+        if not metrics["finished"]:
+            fail(
+                f"training stopped after {REPRODUCE_TRAIN_MINUTES:g} minutes at step "
+                f"{metrics['steps_done']}/{cfg.steps}; finish it with 'fbt-probe train --out "
+                f"{run_dir} --resume --as-default', then rerun 'fbt-probe reproduce'"
+            )
         install_default(run_dir)
     model, name = resolve_model("default")
     with lazy_progress("fit", 1, delay=0.0) as bar:

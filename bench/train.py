@@ -1,9 +1,9 @@
 """Training benchmark: tokens/s, achieved FLOP/s against this machine's matmul rate measured
 in the same run, and the cost of a k-pass step relative to k single-pass steps.
 
-Also the cost of a fixed-point step (the default's ``fp_prob`` steps: warm states from the
-exact sequential recurrence without gradient, then ``fp_passes`` passes with gradient) on
-the same batch, relative to a plain step of as many passes.
+Also the cost of a fixed-point step (the default's fixed-point batches: warm states from the
+exact sequential recurrence without gradient, then ``fixed_point.passes`` passes with
+gradient) on the same batch, relative to a plain step of as many passes.
 
 Run: .venv/bin/python bench/train.py   (prints two tables, writes bench/train.json)
 """
@@ -18,8 +18,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine, matmul_flops, table, write_json  # noqa: E402
 from fbt_probe.model import FBTModel  # noqa: E402
-from fbt_probe.train import make_batch, multipass_loss, named_config, warm_states  # noqa: E402
-from tasks.sampler import Curriculum, TrainingStream  # noqa: E402
+from fbt_probe.train import (  # noqa: E402
+    make_batch,
+    multipass_loss,
+    named_config,
+    plan_of,
+    warm_states,
+)
 
 
 def step_flops(cfg, batch) -> float:
@@ -36,12 +41,8 @@ def main() -> None:
     cfg = named_config("default")
     model = FBTModel(cfg.model, seed=0).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    stream = TrainingStream(
-        cfg.mixture, seed=0, curriculum=Curriculum(cfg.curriculum_start, cfg.curriculum_end)
-    )
-    batch = make_batch(
-        stream.batch(0, cfg.batch_size, 0.5)
-    )  # lengths around the middle of training
+    plan = plan_of(cfg, int(0.75 * cfg.steps))  # counts up to 256, the full task mixture
+    batch = make_batch(cfg.stream().batch(0, cfg.data.batch_size, plan.tasks, plan.n_max))
 
     def step(k):
         loss, _ = multipass_loss(model, batch, k, cfg)
@@ -51,7 +52,7 @@ def main() -> None:
 
     import time
 
-    g = cfg.fp_passes
+    g = cfg.fixed_point.passes
 
     def fp_step():  # returns the seconds spent on the warm states
         t0 = time.perf_counter()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+import types
+import typing
+from dataclasses import asdict, dataclass, fields, is_dataclass
 
 from tasks import vocab
 
@@ -77,16 +79,72 @@ class FBTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> FBTConfig:
-        reject_unknown_keys(cls, d)
-        return cls(**d)
+    def from_dict(cls, d: dict, where: str = "") -> FBTConfig:
+        return cls(**typed_fields(cls, d, where))
 
 
-def reject_unknown_keys(cls, d: dict) -> None:
+def reject_unknown_keys(cls, d: dict, where: str = "") -> None:
     """A clear error for keys that are not fields of the dataclass ``cls``."""
+    if not isinstance(d, dict):
+        raise ValueError(f"invalid {cls.__name__}: {where or 'the config'} must be an object")
     unknown = sorted(set(d) - {f.name for f in fields(cls)})
     if unknown:
-        raise ValueError(f"invalid {cls.__name__}: unknown keys {unknown}")
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ValueError(f"invalid {cls.__name__}: unknown key {key!r}")
+
+
+def _typed(value, hint, name: str):
+    """``value`` checked against the annotation ``hint``; JSON lists become tuples."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _typed(value, hint, name)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_typed(v, args[0], f"{name}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ValueError(f"{name} must be a list of {len(args)}, got {list(value)!r}")
+        return tuple(
+            _typed(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
+        )
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+    elif hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+    elif hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be an object ({{...}}), got {value!r}")
+    return value
+
+
+def typed_fields(cls, d: dict, where: str = "") -> dict:
+    """``d``'s entries checked against the field types of dataclass ``cls``: a one-line
+    ValueError naming the first unknown key or wrongly typed value (dotted under ``where``)."""
+    reject_unknown_keys(cls, d, where)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for k, v in d.items():
+        name = f"{where}.{k}" if where else k
+        if is_dataclass(hints[k]) and isinstance(v, hints[k]):
+            out[k] = v
+            continue
+        try:
+            out[k] = _typed(v, hints[k], name)
+        except ValueError as e:
+            raise ValueError(f"invalid {cls.__name__}: {e}") from None
+    return out
 
 
 def build_cfg(**overrides) -> FBTConfig:

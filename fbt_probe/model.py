@@ -220,7 +220,7 @@ class FBTModel(HookedRootModule):
             raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
         # F.embedding, not W_E[tokens]: the indexing's backward (index_put_ with accumulate)
         # sums W_E's gradient in a thread-dependent order on the CPU, so two runs of the same
-        # training differed by 1e-7 at some step and then drifted apart (docs/training.md)
+        # training differed by 1e-7 at some step and then drifted apart (docs/history/training-log.md)
         return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
 
     def stack(self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> PassOutput:

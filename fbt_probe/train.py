@@ -1,8 +1,9 @@
-"""Multi-pass training: next-token loss on every pass, summed, no truncation (GUIDE §1).
+"""Multi-pass training: next-token loss on every pass, summed, no truncation (docs/training.md).
 
-Every step is a pure function of (seed, step): the batch, the pass count, the prefix
-lengths and the jitter noise are all drawn from generators keyed by the step, so a run
-resumed from a checkpoint reaches exactly the weights of an uninterrupted run.
+Every step is a pure function of (recipe, step): the plan of its phase, the batch, the pass
+count, the prefix lengths and the jitter noise are all drawn from generators keyed by the
+step (``draw_step``), so a run resumed from a checkpoint reaches exactly the weights of an
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,325 +23,32 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.checkpoint import save_model
-from fbt_probe.config import FBTConfig, reject_unknown_keys
 from fbt_probe.model import FBTModel
+from fbt_probe.recipes import named_config  # noqa: F401  (re-exported: the recipes by name)
 from fbt_probe.recurrence import run_recurrence
-from tasks import TASK_NAMES, vocab
+from fbt_probe.schedule import Plan, plan_at
+from fbt_probe.train_config import TrainConfig
+from tasks import vocab
 from tasks.base import Example
-from tasks.sampler import Curriculum, TrainingStream, _check_span, ramp
+from tasks.sampler import TrainingStream
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything a training run depends on. ``pass_mix`` is the final share of 1/2/3-pass
-    batches; before ``single_pass_frac`` every batch has one pass, then the mix ramps
-    linearly to ``pass_mix`` over ``mix_ramp_frac`` of training."""
-
-    name: str = "default"
-    # 16 heads of 8: pass 1's block 0 counts STEP events for done_tracking and binds
-    # registers for multi_register; with 8 heads pass 1 never learned the binding
-    # (docs/training.md, K2 and K3)
-    # jitter 0.5 on the fed-back state in training (0.2 until P2): the layer-0 probe went from
-    # 0.988 to 0.996 with it (P2 -> P3, docs/training.md)
-    model: FBTConfig = field(default_factory=lambda: FBTConfig(n_heads=16, jitter=0.5))
-    steps: int = 2300
-    batch_size: int = 32
-    lr: float = 2e-3
-    min_lr_frac: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    # shares of 1, 2, 3, ... passes; 10 % of batches run 4, 6 or 12 passes so that the
-    # feedback is trained beyond one step of depth (docs/training.md)
-    pass_mix: tuple[float, ...] = (0.15, 0.50, 0.25, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,)
-    single_pass_frac: float = 0.04
-    mix_ramp_frac: float = 0.40
-    # the pass mix late in training: from ``pass_mix`` at the first fraction of training to
-    # ``pass_mix_late`` at the second; () = ``pass_mix`` to the end (docs/training.md)
-    pass_mix_late: tuple[float, ...] = ()
-    pass_mix_late_ramp: tuple[float, float] = (1.0, 1.0)
-    # deep-pass batches: a batch of at least ``deep_batch_passes`` passes (0 = off) has
-    # ``deep_batch_size`` examples whose count is drawn from [deep_batch_n_min, n_max], not
-    # from the curriculum's mostly short counts. Under full recurrence the default's count
-    # drifted from Jacobi pass 6 on, at long counts (docs/training.md, tenth session).
-    deep_batch_passes: int = 4
-    deep_batch_size: int = 16
-    deep_batch_n_min: int = 64
-    prefix_mixin: bool = False
-    prefix_prob: float = 0.5  # share of examples whose extra passes keep a plain prefix
-    # fixed-point batches (fp_prob 0 = off): from ``fp_start`` of training on, this share of
-    # steps runs a batch of ``fp_batch_size`` examples (counts uniform in [fp_n_min, n_max])
-    # through ``fp_warm`` (a range, drawn per step) feedback passes without gradient and
-    # without jitter, as at inference, then ``fp_passes`` passes with gradient that continue
-    # that Jacobi iteration, with their next-token loss. The deep passes are then trained on
-    # the states that full recurrence reaches, not only on those of the first few passes.
-    # Not the paper's objective: the gradient stops at the warm passes (docs/training.md).
-    # the default: 30 % of the steps from 55 % of training on, warm states from the exact
-    # recurrence; with it full-recurrence done_tracking went from 0.979 (N1) to 1.000 (P4),
-    # where a fifth of the steps (P3) reached 0.986 (docs/training.md)
-    fp_prob: float = 0.3
-    fp_start: float = 0.55
-    fp_warm: tuple[int, int] = (8, 24)
-    fp_passes: int = 2
-    fp_batch_size: int = 16
-    fp_n_min: int = 0
-    # warm states from the exact sequential recurrence (what full-recurrence decoding
-    # reads) instead of ``fp_warm`` Jacobi passes; on long prompts it is both exact and
-    # cheaper than two dozen Jacobi passes (docs/training.md)
-    fp_exact: bool = True
-    # answer-token loss weight by pass: pass 1, pass 2, ...; the last one holds for every
-    # deeper pass, so (10, 20) is 10 for pass 1 and 20 for passes >= 2
-    answer_weight: tuple[float, ...] = (10.0, 20.0)
-    # The default's task schedule (docs/training.md): done_tracking first, then
-    # multi_register-heavy while the counts are short, then the mixture, then less
-    # multi_register once the counts are long.
-    mixture: dict = field(
-        default_factory=lambda: {
-            "delayed_memory": 0.5,
-            "done_tracking": 3.0,
-            "multi_register": 1.0,
-        }
-    )
-    # task weights at step 0 (or where the first phase ends), moving linearly to ``mixture``
-    # over the next ``mixture_ramp_frac`` of training; {} = ``mixture`` throughout
-    mixture_start: dict = field(
-        default_factory=lambda: {
-            "multi_register": 1.0,
-            "delayed_memory": 0.4,
-            "done_tracking": 0.1,
-        }
-    )
-    mixture_ramp_frac: float = 0.14
-    mixture_hold_frac: float = 0.42  # mixture_start holds this long before its ramp begins
-    # a first phase: the first ``mixture_first_frac`` of training draws from
-    # ``mixture_first`` alone; the start ramp then begins where it ends ({} = no first phase)
-    mixture_first: dict = field(
-        default_factory=lambda: {"done_tracking": 3.0, "delayed_memory": 0.5}
-    )
-    mixture_first_frac: float = 0.11
-    # task weights late in training: from ``mixture`` at the first fraction of training to
-    # ``mixture_late`` at the second; {} = ``mixture`` to the end (docs/training.md)
-    mixture_late: dict = field(
-        default_factory=lambda: {
-            "delayed_memory": 0.5,
-            "done_tracking": 3.0,
-            "multi_register": 0.35,
-        }
-    )
-    mixture_late_ramp: tuple[float, float] = (0.72, 0.85)
-    # per task, e.g. {"multi_register": {"max_overwrites": 2}}; the default draws
-    # done_tracking's hard boundaries (k = 3, 4 steps) more often: its count drifted there
-    # under full recurrence (docs/training.md, L2)
-    task_params: dict = field(
-        default_factory=lambda: {"done_tracking": {"need_weights": [1, 1, 2, 3]}}
-    )
-    curriculum_start: int = 8
-    curriculum_end: int = 256
-    curriculum_ramp_frac: float = 0.2
-    curriculum_hold_frac: float = 0.5  # n_max stays at curriculum_start this long, then ramps
-    curriculum_dist: str = "mixed"
-    curriculum_log_share: float = 0.75  # under "mixed": the share of log-uniform batches
-    # multi_register overwrites: none before the first fraction of training, the task's full
-    # max_overwrites from the second on; (0, 0) = off (docs/training.md)
-    overwrite_ramp: tuple[float, float] = (0.2, 0.4)
-    seed: int = 0
-    eval_every: int = 250
-    eval_examples: int = 96
-    checkpoint_every: int = 250
-    # stop early (keeping a checkpoint) after this much wall time; 0 = off. The default's
-    # 2300 steps took 18.6 min on 2 cores here (P4, 1117 s); the cap keeps a slower machine
-    # within 20 minutes.
-    max_minutes: float = 19.5
-    # start from this model folder's weights instead of a fresh initialisation ("" = fresh);
-    # its model config must equal ``model``. "default" is the built-in default model.
-    init_from: str = ""
-    # parameter-name prefix -> [start, end]: parameters whose names start with the prefix
-    # (e.g. "blocks.0.", "W_E") get no update while the fraction of training done is in
-    # [start, end); {} = none
-    freeze: dict = field(
-        default_factory=lambda: {
-            p: [0.0, 0.11] for p in ("blocks.1.", "blocks.2.", "blocks.3.", "W_E")
-        }
-    )  # the default: block 0 alone learns the done_tracking bit in the first phase
-
-    def __post_init__(self):
-        def need(c, msg):
-            if not c:
-                raise ValueError(f"invalid TrainConfig: {msg}")
-
-        need(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
-        need(self.lr > 0 and 0 < self.min_lr_frac <= 1, "lr > 0 and 0 < min_lr_frac <= 1")
-        need(
-            len(self.pass_mix) >= 1
-            and all(p >= 0 for p in self.pass_mix)
-            and sum(self.pass_mix) > 0,
-            "pass_mix needs non-negative weights",
-        )
-        need(
-            not self.pass_mix_late
-            or (all(p >= 0 for p in self.pass_mix_late) and sum(self.pass_mix_late) > 0),
-            "pass_mix_late needs non-negative weights (or [] for none)",
-        )
-        _check_span("pass_mix_late_ramp", self.pass_mix_late_ramp)
-        need(
-            len(self.answer_weight) >= 1 and all(a >= 0 for a in self.answer_weight),
-            "answer_weight needs one or more non-negative weights (pass 1, pass 2, ...)",
-        )
-        need(
-            self.deep_batch_passes >= 0
-            and self.deep_batch_size >= 1
-            and self.deep_batch_n_min >= 0,
-            "deep_batch_passes and deep_batch_n_min must be >= 0, deep_batch_size >= 1",
-        )
-        need(
-            0 <= self.single_pass_frac <= 1 and 0 <= self.mix_ramp_frac <= 1,
-            "schedule fractions in [0, 1]",
-        )
-        need(0 <= self.prefix_prob <= 1, "prefix_prob in [0, 1]")
-        need(
-            0 <= self.fp_prob <= 1 and 0 <= self.fp_start <= 1,
-            "fp_prob and fp_start in [0, 1]",
-        )
-        need(
-            len(self.fp_warm) == 2 and 1 <= self.fp_warm[0] <= self.fp_warm[1],
-            f"fp_warm is a range [lo, hi] with 1 <= lo <= hi, got {list(self.fp_warm)}",
-        )
-        need(
-            self.fp_passes >= 1 and self.fp_batch_size >= 1 and self.fp_n_min >= 0,
-            "fp_passes and fp_batch_size must be >= 1, fp_n_min >= 0",
-        )
-        need(
-            isinstance(self.freeze, dict),
-            f'freeze maps prefixes to windows, e.g. {{"blocks.0.": [0, 0.5]}}, got {self.freeze!r}',
-        )
-        for prefix, window in self.freeze.items():
-            need(
-                isinstance(prefix, str)
-                and prefix
-                and isinstance(window, (list, tuple))
-                and len(window) == 2
-                and 0 <= window[0] <= window[1] <= 1,
-                f"freeze maps a parameter-name prefix to [start, end] with 0 <= start <= end "
-                f"<= 1, got {prefix!r}: {window!r}",
-            )
-        need(
-            all(t in TASK_NAMES for t in self.mixture), f"mixture tasks must be among {TASK_NAMES}"
-        )
-        self.stream()  # validates the curricula and the mixtures
-
-    def stream(self) -> TrainingStream:
-        """The training examples this config draws (seeded, a pure function of the step)."""
-        return TrainingStream(
-            self.mixture,
-            seed=self.seed,
-            params=self.task_params,
-            curriculum=Curriculum(
-                start=self.curriculum_start,
-                end=self.curriculum_end,
-                ramp_frac=self.curriculum_ramp_frac,
-                dist=self.curriculum_dist,
-                log_share=self.curriculum_log_share,
-                overwrite_ramp=self.overwrite_ramp,
-                hold_frac=self.curriculum_hold_frac,
-            ),
-            mixture_start=self.mixture_start or None,
-            mixture_ramp_frac=self.mixture_ramp_frac,
-            mixture_hold_frac=self.mixture_hold_frac,
-            mixture_late=self.mixture_late or None,
-            mixture_late_ramp=self.mixture_late_ramp,
-            mixture_first=self.mixture_first or None,
-            mixture_first_frac=self.mixture_first_frac,
-        )
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["model"] = self.model.to_dict()
-        d["pass_mix"] = list(self.pass_mix)
-        d["answer_weight"] = list(self.answer_weight)
-        d["overwrite_ramp"] = list(self.overwrite_ramp)
-        d["mixture_late_ramp"] = list(self.mixture_late_ramp)
-        d["pass_mix_late"] = list(self.pass_mix_late)
-        d["pass_mix_late_ramp"] = list(self.pass_mix_late_ramp)
-        d["fp_warm"] = list(self.fp_warm)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        reject_unknown_keys(cls, d)
-        d = dict(d)
-        if "model" in d:
-            d["model"] = (
-                d["model"] if isinstance(d["model"], FBTConfig) else FBTConfig.from_dict(d["model"])
-            )
-        # configs written before pass_mix_late existed had no late pass mix
-        d.setdefault("pass_mix_late", ())
-        # ... and before deep_batch_passes existed, no deep-pass batches of their own
-        d.setdefault("deep_batch_passes", 0)
-        # ... and before fixed-point batches, none
-        d.setdefault("fp_prob", 0.0)
-        for k in (
-            "pass_mix",
-            "answer_weight",
-            "overwrite_ramp",
-            "mixture_late_ramp",
-            "pass_mix_late",
-            "pass_mix_late_ramp",
-            "fp_warm",
-        ):
-            if k in d:
-                d[k] = tuple(d[k])
-        return cls(**d)
-
-    def with_overrides(self, overrides: dict) -> TrainConfig:
-        """Apply ``key=value`` overrides; ``model.<field>`` reaches into the model config."""
-        top, mdl = {}, {}
-        for k, v in overrides.items():
-            if k.startswith("model."):
-                mdl[k[6:]] = v
-            else:
-                top[k] = v
-        d = self.to_dict()
-        d.update(top)
-        d["model"] = {**d["model"], **mdl}
-        return TrainConfig.from_dict(d)
-
-
 # ---- schedules ---------------------------------------------------------------------------
 def lr_at(cfg: TrainConfig, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (
-        cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    t = (step - o.warmup_steps) / max(1, cfg.steps - o.warmup_steps)
+    return o.lr * (
+        o.min_lr_frac + (1 - o.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
     )
 
 
-def pass_probs(cfg: TrainConfig, step: int) -> np.ndarray:
-    """Probabilities of 1, 2, ... passes at ``step``: single-pass first, a ramp to
-    ``pass_mix``, and (if set) a late ramp from it to ``pass_mix_late``."""
-    n = max(len(cfg.pass_mix), len(cfg.pass_mix_late))
-
-    def norm(mix):
-        v = np.zeros(n)
-        v[: len(mix)] = mix
-        return v / v.sum()
-
-    final = norm(cfg.pass_mix)
-    one = np.zeros(n)
-    one[0] = 1.0
-    f = step / cfg.steps
-    if f < cfg.single_pass_frac:
-        return one
-    r = ramp(f - cfg.single_pass_frac, cfg.mix_ramp_frac)
-    probs = (1 - r) * one + r * final
-    if cfg.pass_mix_late:
-        a, b = cfg.pass_mix_late_ramp
-        if f >= a:
-            s = ramp(f - a, b - a)
-            probs = (1 - s) * probs + s * norm(cfg.pass_mix_late)
-    return probs
+def plan_of(cfg: TrainConfig, step: int) -> Plan:
+    """The schedule's plan for ``step`` (task shares, pass mix, counts, frozen, ...)."""
+    return plan_at(cfg.schedule, step / cfg.steps)
 
 
 # ---- batches -----------------------------------------------------------------------------
@@ -383,27 +91,99 @@ def make_batch(examples: list[Example]) -> Batch:
 
 
 def step_rng(cfg: TrainConfig, step: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([cfg.seed, 777, step]))
+    return np.random.default_rng(np.random.SeedSequence([cfg.run.seed, 777, step]))
 
 
-def draw_batch(cfg: TrainConfig, stream: TrainingStream, step: int, passes: int) -> list[Example]:
-    """Step ``step``'s examples; a deep-pass batch (``deep_batch_*``) draws long counts."""
-    if cfg.deep_batch_passes and passes >= cfg.deep_batch_passes:
-        return stream.batch(step, cfg.deep_batch_size, step / cfg.steps, cfg.deep_batch_n_min)
-    return stream.batch(step, cfg.batch_size, step / cfg.steps)
+def step_examples(
+    cfg: TrainConfig, stream: TrainingStream, step: int, plan: Plan, passes: int, warm: int
+) -> list[Example]:
+    """Step ``step``'s examples: a fixed-point batch (``warm`` > 0) or a deep-pass batch
+    (``deep_batches``) draws long counts, an ordinary one the data's count distribution."""
+    args = (plan.tasks, plan.n_max, plan.overwrites)
+    if warm:
+        fp = cfg.fixed_point
+        return stream.batch(step, fp.batch_size, *args, n_min=fp.n_min)
+    deep = cfg.deep_batches
+    if deep.passes and passes >= deep.passes:
+        return stream.batch(step, deep.batch_size, *args, n_min=deep.n_min)
+    return stream.batch(step, cfg.data.batch_size, *args)
 
 
-def fixed_point_draw(cfg: TrainConfig, step: int) -> int:
+def fixed_point_draw(cfg: TrainConfig, step: int, share: float) -> int:
     """0 if step ``step`` is an ordinary batch, else its number of warm (no-gradient) passes.
 
-    Drawn from its own generator, so configs without fixed-point batches draw exactly
-    what they drew before the option existed."""
-    if cfg.fp_prob <= 0 or step / cfg.steps < cfg.fp_start:
+    Drawn from a generator of its own, so the other draws of a step never depend on it."""
+    if share <= 0:
         return 0
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 778, step]))
-    if rng.random() >= cfg.fp_prob:
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.run.seed, 778, step]))
+    if rng.random() >= share:
         return 0
-    return int(rng.integers(cfg.fp_warm[0], cfg.fp_warm[1] + 1))
+    return int(rng.integers(cfg.fixed_point.warm[0], cfg.fixed_point.warm[1] + 1))
+
+
+@dataclass(frozen=True)
+class StepDraw:
+    """Everything random about one training step, drawn before any arithmetic."""
+
+    plan: Plan
+    passes: int
+    warm: int  # 0, or the fixed-point batch's warm passes
+    examples: list[Example]
+    prefix: np.ndarray | None  # (batch,) plain-prefix lengths under prefix mixin
+    jitter_seed: int
+
+
+def draw_step(cfg: TrainConfig, stream: TrainingStream, step: int) -> StepDraw:
+    """Step ``step``'s draws: a pure function of (config, step)."""
+    plan = plan_of(cfg, step)
+    rng = step_rng(cfg, step)
+    passes = int(rng.choice(len(plan.passes), p=plan.passes)) + 1
+    warm = fixed_point_draw(cfg, step, plan.fixed_point)
+    if warm:
+        passes = cfg.fixed_point.passes
+    examples = step_examples(cfg, stream, step, plan, passes, warm)
+    prefix = None
+    if cfg.objective.prefix_mixin and passes > 1 and not warm:
+        n = len(examples)
+        prompt_len = np.array([ex.colon_index + 1 for ex in examples])
+        use = rng.random(n) < cfg.objective.prefix_prob
+        draw = np.floor(rng.random(n) * prompt_len)
+        prefix = np.where(use, draw.astype(int), 0)
+    return StepDraw(plan, passes, warm, examples, prefix, cfg.run.seed * 1_000_003 + step)
+
+
+def stream_digest(cfg: TrainConfig, every: int = 100) -> dict:
+    """A digest of the whole training stream: per step the pass count, the fixed-point draw,
+    the batch's tokens, the prefix lengths, the frozen prefixes, the jitter seed and the
+    learning rate. Equal digests mean the same training run, step by step. Also returns one
+    short digest for each ``every`` steps, to find where two streams part."""
+    import hashlib
+
+    stream = cfg.stream()
+    total, chunk, chunks = hashlib.sha256(), hashlib.sha256(), []
+    for step in range(cfg.steps):
+        s = draw_step(cfg, stream, step)
+        batch = make_batch(s.examples)
+        h = hashlib.sha256(batch.tokens.numpy().tobytes())
+        h.update(",".join(batch.tasks).encode())
+        rec = {
+            "step": step,
+            "passes": s.passes,
+            "warm": s.warm,
+            "batch": h.hexdigest()[:16],
+            "shape": list(batch.tokens.shape),
+            "prefix": None if s.prefix is None else s.prefix.tolist(),
+            "frozen": sorted(s.plan.frozen),
+            "jitter_seed": s.jitter_seed,
+            "lr": repr(lr_at(cfg, step)),
+        }
+        b = json.dumps(rec, sort_keys=True).encode()
+        total.update(b)
+        chunk.update(b)
+        if (step + 1) % every == 0 or step + 1 == cfg.steps:
+            chunks.append(chunk.hexdigest()[:12])
+            chunk = hashlib.sha256()
+    return {"steps": cfg.steps, "digest": total.hexdigest(), f"per_{every}_steps": chunks}
 
 
 @torch.no_grad()
@@ -448,7 +228,8 @@ def multipass_loss(
         ce = F.cross_entropy(
             p.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
         ).view_as(batch.targets)
-        aw = cfg.answer_weight[min(k, len(cfg.answer_weight) - 1)]
+        weights = cfg.objective.answer_weight
+        aw = weights[min(k, len(weights) - 1)]
         w = valid.float() + batch.answer.float() * (aw - 1.0)
         loss = (ce * w).sum() / w.sum()
         total = total + loss
@@ -470,15 +251,15 @@ def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
     """Teacher-forced answer accuracy on held-out examples (n in 1..256), per task and pass."""
     was = model.training
     model.eval()
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, STREAM_EVAL]))
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.run.seed, STREAM_EVAL]))
     from tasks import get_task
 
     res = {}
-    for task in cfg.mixture:
+    for task in cfg.tasks:
         mod = get_task(task)
+        params = mod.Params(**cfg.data.task_params.get(task, {}))
         exs = [
-            mod.sample(rng, int(rng.integers(1, 257)), mod.Params(**cfg.task_params.get(task, {})))
-            for _ in range(cfg.eval_examples)
+            mod.sample(rng, int(rng.integers(1, 257)), params) for _ in range(cfg.run.eval_examples)
         ]
         b = make_batch(exs).to(next(model.parameters()).device)
         out = model(b.tokens, passes=passes, lengths=b.lengths)
@@ -540,6 +321,7 @@ def train(
     stop_after: int | None = None,
     argv: list[str] | None = None,
     device: str = "cpu",
+    max_minutes: float = 0.0,
 ) -> dict:
     """Train ``cfg`` into ``out_dir``; returns the final metrics.
 
@@ -547,7 +329,8 @@ def train(
     initial weights and the schedule do not depend on it, the floating-point results do.
 
     ``progress(step, total, info)`` is called every step. ``stop_after`` ends the run early
-    at that step (with a checkpoint), as an interruption would. On NaN or divergence the
+    at that step (with a checkpoint), as an interruption would; so does ``max_minutes`` of
+    wall time (0 = no limit), a property of the run, not of the recipe. On NaN or divergence the
     run stops with ``Divergence`` and the last good checkpoint stays in place.
     """
     out = Path(out_dir)
@@ -557,10 +340,10 @@ def train(
         raise FileExistsError(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
-    model = FBTModel(cfg.model, seed=cfg.seed)  # initialised on the CPU, then moved
+    model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
-    frozen = frozen_parameters(model, cfg.freeze)  # checked before anything is written
+    frozen = frozen_parameters(model, cfg.schedule)  # checked before anything is written
     model = model.to(dev)
     out.mkdir(parents=True, exist_ok=True)
     model.train()
@@ -568,10 +351,10 @@ def train(
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
         [
-            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": decay, "weight_decay": cfg.optim.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ],
-        lr=cfg.lr,
+        lr=cfg.optim.lr,
         betas=(0.9, 0.95),
     )
     start, history = 0, []
@@ -597,25 +380,14 @@ def train(
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     step = start
     for step in range(start, end):
-        rng = step_rng(cfg, step)
-        probs = pass_probs(cfg, step)
-        passes = int(rng.choice(len(probs), p=probs)) + 1
-        warm = fixed_point_draw(cfg, step)
-        if warm:
-            passes = cfg.fp_passes
-            examples = stream.batch(step, cfg.fp_batch_size, step / cfg.steps, cfg.fp_n_min)
-        else:
-            examples = draw_batch(cfg, stream, step, passes)
-        batch = make_batch(examples).to(dev)
-        prefix = None
-        if cfg.prefix_mixin and passes > 1 and not warm:
-            use = rng.random(len(batch.lengths)) < cfg.prefix_prob
-            draw = np.floor(rng.random(len(batch.lengths)) * batch.prompt_len.cpu().numpy())
-            prefix = torch.tensor(np.where(use, draw.astype(int), 0), device=dev)
-        torch.manual_seed(cfg.seed * 1_000_003 + step)  # jitter noise, reproducible per step
+        draw = draw_step(cfg, stream, step)
+        passes, warm = draw.passes, draw.warm
+        batch = make_batch(draw.examples).to(dev)
+        prefix = None if draw.prefix is None else torch.tensor(draw.prefix, device=dev)
+        torch.manual_seed(draw.jitter_seed)  # jitter noise, reproducible per step
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        init = warm_states(model, batch, warm, cfg.fp_exact) if warm else None
+        init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
         loss, stats = multipass_loss(model, batch, passes, cfg, prefix, init, first_pass=warm)
         lv = loss.item()
         if diverged(lv / passes, recent):
@@ -625,11 +397,10 @@ def train(
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        for (a, b), params in frozen:
-            if a <= step / cfg.steps < b:
-                for p in params:
-                    p.grad = None  # AdamW skips it: no update, no weight decay
-        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        for prefix_name in draw.plan.frozen:
+            for p in frozen[prefix_name]:
+                p.grad = None  # AdamW skips it: no update, no weight decay
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip))
         if not math.isfinite(gnorm):
             raise Divergence(
                 f"non-finite gradient at step {step}; the last good checkpoint is in {out}"
@@ -637,7 +408,7 @@ def train(
         opt.step()
         recent = (recent + [lv / passes])[-200:]
         # the exact recurrence runs each token through the stack once, Jacobi warm-up ``warm`` times
-        tokens_seen += batch.n_tokens * (passes + (min(warm, 1) if cfg.fp_exact else warm))
+        tokens_seen += batch.n_tokens * (passes + (min(warm, 1) if cfg.fixed_point.exact else warm))
         # a fixed-point batch's stats go under "fp" (its last pass), not under its pass index
         for k, s in [("fp", stats[-1])] if warm else enumerate(stats, start=1):
             prev = running.get(k, s)
@@ -650,11 +421,11 @@ def train(
             "grad_norm": gnorm,
         }
         if warm:
-            rec["fp_warm"] = "recurrence" if cfg.fp_exact else warm
+            rec["fp_warm"] = "recurrence" if cfg.fixed_point.exact else warm
             rec.update({f"fp/{m}": v for m, v in stats[-1].items()})
         else:
             rec.update({f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()})
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+        if (step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps:
             rec["eval"] = quick_eval(model, cfg)
         history.append(rec)
         if progress is not None:
@@ -666,9 +437,9 @@ def train(
                 )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
-        if (step + 1) % cfg.checkpoint_every == 0:
+        if (step + 1) % cfg.run.checkpoint_every == 0:
             _save_state(state_path, model, opt, step + 1, history)
-        if cfg.max_minutes and (time.monotonic() - t0) / 60 > cfg.max_minutes:
+        if max_minutes and (time.monotonic() - t0) / 60 > max_minutes:
             _save_state(state_path, model, opt, step + 1, history)
             break
     final_step = history[-1]["step"] if history else start
@@ -679,14 +450,15 @@ def train(
         "steps_done": final_step,
         "steps": cfg.steps,
         "finished": final_step >= cfg.steps,
-        "seed": cfg.seed,
+        "seed": cfg.run.seed,
         "git_revision": revision,
         "device": str(dev),
         # the bits of the weights depend on these too (and on the CPU's instruction set):
         # the same config, seed, torch version and thread count give the same weights
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
-        "wall_seconds_this_session": time.monotonic() - t0,
+        "wall_seconds_this_call": time.monotonic() - t0,
+        "max_minutes": max_minutes,
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
         "final_eval": quick_eval(model, cfg),
         "history": history,
@@ -719,19 +491,19 @@ def initial_weights(cfg: TrainConfig) -> FBTModel:
     return src
 
 
-def frozen_parameters(model: FBTModel, freeze: dict) -> list[tuple[tuple[float, float], list]]:
-    """For each prefix of ``freeze``: (its window, the parameters whose names start with it);
-    a prefix that matches no parameter is an error."""
+def frozen_parameters(model: FBTModel, schedule) -> dict[str, list]:
+    """Each prefix any phase freezes -> the parameters whose names start with it; a prefix
+    that matches no parameter is an error."""
     named = list(model.named_parameters())
-    out = []
-    for f, window in freeze.items():
+    out = {}
+    for f in dict.fromkeys(f for p in schedule for f in p.frozen or ()):
         params = [p for n, p in named if n.startswith(f)]
         if not params:
             raise ValueError(
-                f"freeze prefix {f!r} matches no parameter; names look like "
+                f"frozen prefix {f!r} matches no parameter; names look like "
                 f"{', '.join(n for n, _ in named[:4])}, ..."
             )
-        out.append(((float(window[0]), float(window[1])), params))
+        out[f] = params
     return out
 
 
@@ -753,81 +525,3 @@ def resolve_device(device: str) -> torch.device:
                 f"device {device!r} asked for, but only {torch.cuda.device_count()} GPU(s) exist"
             )
     return dev
-
-
-# The default's recipe until the eighth session (docs/training.md, run D): it learns
-# delayed_memory and done_tracking, not multi_register; 4 heads. ``paper``,
-# ``no-three-pass`` and ``additive`` are this recipe with one change each, ``three-tasks``
-# with its task schedule; their documented results were measured that way.
-D_RECIPE = replace(
-    TrainConfig(),
-    name="D",
-    model=FBTConfig(),
-    deep_batch_passes=0,
-    fp_prob=0.0,
-    steps=2000,
-    mix_ramp_frac=0.10,
-    pass_mix=(0.25, 0.55, 0.10, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,),
-    single_pass_frac=0.05,
-    mixture={"delayed_memory": 0.5, "done_tracking": 3.0, "multi_register": 0.25},
-    mixture_start={},
-    mixture_ramp_frac=0.0,
-    mixture_hold_frac=0.0,
-    mixture_first={},
-    mixture_first_frac=0.0,
-    mixture_late={},
-    mixture_late_ramp=(1.0, 1.0),
-    task_params={},
-    curriculum_ramp_frac=0.3,
-    curriculum_hold_frac=0.0,
-    curriculum_log_share=0.5,
-    overwrite_ramp=(0.0, 0.0),
-    freeze={},
-)
-
-
-def named_config(name: str) -> TrainConfig:
-    """Built-in recipes: ``default``, ``D``, ``paper``, ``no-three-pass``, ``additive``,
-    ``three-tasks``, ``tiny``."""
-    base = D_RECIPE
-    table = {
-        "default": TrainConfig(),
-        # learns all three tasks, multi_register too, within the default's budget; its
-        # done_tracking layer-0 probe is 0.95, not D's 1.00 (docs/training.md, run Q)
-        "three-tasks": replace(
-            base,
-            name="three-tasks",
-            steps=2600,
-            pass_mix=(0.15, 0.50, 0.25, 0.05, 0.0, 0.03) + (0.0,) * 5 + (0.02,),
-            answer_weight=(5.0, 20.0),
-            mixture={"delayed_memory": 0.5, "done_tracking": 3.0, "multi_register": 1.5},
-            mixture_start={"multi_register": 1.0, "delayed_memory": 0.5},
-            mixture_ramp_frac=0.25,
-            mixture_late={"delayed_memory": 0.5, "done_tracking": 3.0, "multi_register": 0.35},
-            mixture_late_ramp=(0.45, 0.55),
-            overwrite_ramp=(0.15, 0.45),
-            curriculum_log_share=0.75,
-        ),
-        "D": base,  # the default before K4: docs/training.md commands without --config
-        "paper": replace(base, name="paper", pass_mix=(0.75, 0.22, 0.03), prefix_mixin=True),
-        "no-three-pass": replace(
-            base, name="no-three-pass", pass_mix=(0.75, 0.25), prefix_mixin=True
-        ),
-        "additive": replace(base, name="additive", model=replace(base.model, fusion="additive")),
-        "tiny": replace(
-            base,
-            name="tiny",
-            model=FBTConfig(d_model=32, n_layers=2, n_heads=2, d_mlp=64, n_ctx=320),
-            pass_mix=(0.25, 0.65, 0.10),
-            max_minutes=0.0,
-            steps=40,
-            batch_size=8,
-            eval_every=20,
-            checkpoint_every=20,
-            eval_examples=16,
-            warmup_steps=5,
-        ),
-    }
-    if name not in table:
-        raise ValueError(f"unknown config {name!r}; choose from {', '.join(table)} or a JSON file")
-    return table[name]

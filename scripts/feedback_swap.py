@@ -13,7 +13,7 @@ three ways and read the answer at the colon (DONE vs MORE):
 A model whose pass 2 reads the bit from the feedback follows the swap; one that recounts
 the STEP events by attention over the other positions ignores it.
 
-    python scripts/feedback_swap.py runs/D runs/Q --n 200
+    python scripts/feedback_swap.py runs/D default --n 200
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ iff s >= k), and runs the Jacobi passes on them (teacher-forced, the answer read
 colon): how many of them pass 1, 2, ... still answer right. Full recurrence is the limit of
 those passes, so the table shows at which depth the answer drifts.
 
-    python scripts/full_recurrence_errors.py default runs/L2
+    python scripts/full_recurrence_errors.py default runs/D
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@
 #   scripts/recipe_sweep.sh RECIPES OUT [DEVICE]
 #
 # RECIPES has one recipe per line, "NAME fbt-probe-train-arguments" ('#' lines are skipped):
-#   more-mr  --set 'mixture={"delayed_memory":0.5,"done_tracking":3.0,"multi_register":1.5}'
-# Every recipe trains with max_minutes=0 (all its steps) into OUT/runs/NAME, in parallel;
+#   more-mr  --set 'schedule.11.tasks={"delayed_memory":0.5,"done_tracking":3.0,"multi_register":1.5}'
+#   lr-1e-3  --config my_recipe.toml --set optim.lr=1e-3
+# Every recipe trains all its steps (no --max-minutes) into OUT/runs/NAME, in parallel;
 # OUT/NAME.txt gets the eval table and the probe table as each recipe finishes; the run
 # folders and training logs go to WORK/runs and WORK/logs (default WORK=OUT).
 # DEVICE (default cpu) is passed to train, eval and fit; FBT overrides the command
@@ -27,8 +28,8 @@ one() {
     local run="$work/runs/$name" log="$work/logs/$name.log" txt="$out/$name.txt"
     {
         echo "# $name: $*"
-        if $fbt train --out "$run" --device "$device" --set max_minutes=0 "$@" >"$log" 2>&1; then
-            grep -o '"wall_seconds_this_session": [0-9.]*' "$run/metrics.json"
+        if $fbt train --out "$run" --device "$device" "$@" >"$log" 2>&1; then
+            grep -o '"wall_seconds_this_call": [0-9.]*' "$run/metrics.json"
             $fbt eval --model "$run" --device "$device" 2>&1 | grep -v -e "^\s*$" -e "^eval: "
             $fbt fit --model "$run" --device "$device" --prefill recurrent --no-controls \
                 --out "$run/probe" 2>&1 | tail -n 6

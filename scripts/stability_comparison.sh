@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's figure 3 at our scale: the 'paper' recipe (0.75/0.22/0.03) against
-# 'no-three-pass' (0.75/0.25) and run D (0.25/0.55/0.10 + 4, 6, 12 passes), the three on one
+# 'no-three-pass' (0.75/0.25) and the D recipe (0.25/0.55/0.10 + 4, 6, 12 passes), the three on one
 # recipe but for the pass mix, with the built-in default model beside them.
 # About 2 x 11 + 20 minutes of training on 2 CPU cores, then a few minutes of analysis.
 set -euo pipefail

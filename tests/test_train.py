@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,120 +17,89 @@ from fbt_probe.checkpoint import load_model
 from fbt_probe.evaluate import evaluate
 from fbt_probe.model import FBTModel
 from fbt_probe.train import (
-    D_RECIPE,
     TrainConfig,
     lr_at,
     make_batch,
     multipass_loss,
     named_config,
-    pass_probs,
+    plan_of,
     resolve_device,
     train,
 )
 from tasks import get_task
 
+TASKS3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
+
 
 def tiny(**kw):
-    return replace(named_config("tiny"), **kw)
+    """The tiny recipe with changes; ``group__key`` stands for ``group.key``."""
+    return named_config("tiny").with_overrides({k.replace("__", "."): v for k, v in kw.items()})
 
 
-def test_schedules():
-    cfg = TrainConfig(
-        steps=1000,
-        warmup_steps=100,
-        single_pass_frac=0.1,
-        mix_ramp_frac=0.2,
-        pass_mix=(0.75, 0.22, 0.03),
+def one_phase(passes=(0.3, 0.5, 0.2), **more):
+    """A schedule of one phase: these pass weights, all three tasks, counts up to 64."""
+    return [{"until": 1.0, "tasks": TASKS3, "passes": list(passes), "n_max": 64, **more}]
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig.from_dict(
+        {"steps": 1000, "optim": {"warmup_steps": 100, "lr": 1e-3, "min_lr_frac": 0.1}}
     )
-    assert pass_probs(cfg, 0).tolist() == [1.0, 0.0, 0.0]
-    np.testing.assert_allclose(pass_probs(cfg, 999), [0.75, 0.22, 0.03])
-    np.testing.assert_allclose(
-        pass_probs(cfg, 200), 0.5 * np.array([1, 0, 0]) + 0.5 * np.array([0.75, 0.22, 0.03])
-    )
-    assert lr_at(cfg, 0) == pytest.approx(cfg.lr / 100) and lr_at(cfg, 99) == pytest.approx(cfg.lr)
-    assert lr_at(cfg, 999) == pytest.approx(cfg.lr * cfg.min_lr_frac, rel=1e-3)
-
-
-def test_late_pass_mix():
-    # the mix moves from pass_mix (0.6) to pass_mix_late (0.8), which may be longer; padded
-    cfg = TrainConfig(
-        steps=1000,
-        single_pass_frac=0.0,
-        mix_ramp_frac=0.1,
-        pass_mix=(0.5, 0.5),
-        pass_mix_late=(0.25, 0.25, 0.0, 0.5),
-        pass_mix_late_ramp=(0.6, 0.8),
-    )
-    np.testing.assert_allclose(pass_probs(cfg, 500), [0.5, 0.5, 0, 0])
-    np.testing.assert_allclose(pass_probs(cfg, 700), [0.375, 0.375, 0, 0.25])
-    np.testing.assert_allclose(pass_probs(cfg, 900), [0.25, 0.25, 0, 0.5])
-    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    # a config written before the knob existed has no late mix, whatever the default is
-    d = cfg.to_dict()
-    del d["pass_mix_late"], d["pass_mix_late_ramp"]
-    assert TrainConfig.from_dict(d).pass_mix_late == ()
-    for bad, msg in (
-        ({"pass_mix_late_ramp": (0.8, 0.6)}, "pass_mix_late_ramp"),
-        ({"pass_mix_late_ramp": (0.5,)}, "pass_mix_late_ramp"),
-        ({"pass_mix_late": (0.0, -1.0)}, "pass_mix_late needs"),
-    ):
-        with pytest.raises(ValueError, match=msg):
-            replace(cfg, **bad)
+    assert lr_at(cfg, 0) == pytest.approx(1e-5) and lr_at(cfg, 99) == pytest.approx(1e-3)
+    assert lr_at(cfg, 999) == pytest.approx(1e-4, rel=1e-3)
 
 
 def test_deep_pass_batches_draw_long_counts():
-    from fbt_probe.train import draw_batch
+    from fbt_probe.train import step_examples
 
-    cfg = TrainConfig(deep_batch_passes=4, deep_batch_size=8, deep_batch_n_min=100)
+    cfg = TrainConfig.from_dict({"deep_batches": {"passes": 4, "batch_size": 8, "n_min": 100}})
     s = cfg.stream()
-    step = int(0.9 * cfg.steps)  # n_max = 256 by now
+    step = int(0.9 * cfg.steps)
+    plan = plan_of(cfg, step)
     width = s.width
-    for passes in (1, 2, 3):  # shallow: the plain batch, the same one as before the knob
-        got = draw_batch(cfg, s, step, passes)
+    for passes in (1, 2, 3):  # shallow: the plain batch
+        got = step_examples(cfg, s, step, plan, passes, 0)
         assert [e.prompt for e in got] == [
-            e.prompt for e in s.batch(step, cfg.batch_size, step / cfg.steps)
+            e.prompt for e in s.batch(step, cfg.data.batch_size, plan.tasks, plan.n_max)
         ]
     counts = []
     for i in range(40):
-        deep = draw_batch(cfg, s, step + i % 50, 4 + i % 9)
+        deep = step_examples(cfg, s, step + i % 50, plan, 4 + i % 9, 0)
         assert len(deep) == 8
         n = [e.n_distractors for e in deep]
         assert 100 - width // 2 <= min(n) and max(n) <= 256 and max(n) - min(n) <= width
         counts += n
-    assert np.mean(counts) > 150  # about uniform on [100, 256]; the curriculum's mean is ~60
-    # pure: the same step and passes give the same examples
-    assert [e.prompt for e in draw_batch(cfg, s, step, 6)] == [
-        e.prompt for e in draw_batch(cfg, s, step, 6)
-    ]
-    # n_min above the curriculum's n_max: the count is n_max's neighbourhood, never above
-    early = [e.n_distractors for e in draw_batch(cfg, s, 0, 6)]
-    assert max(early) <= s.curriculum.n_max(0.0) == 8
-    off = replace(cfg, deep_batch_passes=0)
-    assert len(draw_batch(off, s, step, 12)) == cfg.batch_size
-    # a config written before the knob existed has no deep-pass batches, whatever the default
-    d = cfg.to_dict()
-    del d["deep_batch_passes"], d["deep_batch_size"], d["deep_batch_n_min"]
-    assert TrainConfig.from_dict(d).deep_batch_passes == 0
+    assert np.mean(counts) > 150  # about uniform on [100, 256]; plain batches' mean is ~128
+    # n_min above n_max: the count is n_max's neighbourhood, never above
+    small = cfg.with_overrides({"schedule.0.n_max": 8})
+    early = [e.n_distractors for e in step_examples(small, s, 0, plan_of(small, 0), 6, 0)]
+    assert max(early) <= 8
+    off = cfg.with_overrides({"deep_batches.passes": 0})
+    assert len(step_examples(off, s, step, plan, 12, 0)) == cfg.data.batch_size
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    for bad in ({"deep_batch_passes": -1}, {"deep_batch_size": 0}, {"deep_batch_n_min": -5}):
-        with pytest.raises(ValueError, match="deep_batch"):
-            replace(cfg, **bad)
+    for bad in ({"deep_batches.passes": -1}, {"deep_batches.batch_size": 0}):
+        with pytest.raises(ValueError, match="deep_batches"):
+            cfg.with_overrides(bad)
 
 
 def test_fixed_point_batches():
     from fbt_probe.model import FBTModel
     from fbt_probe.train import fixed_point_draw, warm_states
 
-    cfg = tiny(steps=400, fp_prob=0.3, fp_start=0.5, fp_warm=(3, 6), fp_passes=2)
-    draws = [fixed_point_draw(cfg, s) for s in range(cfg.steps)]
-    assert not any(draws[:200])  # none before fp_start
+    sched = [
+        {"until": 0.5, "tasks": TASKS3, "passes": [1.0], "n_max": 16},
+        {"until": 1.0, "fixed_point": 0.3},
+    ]
+    cfg = tiny(steps=400, schedule=sched, fixed_point__warm=[3, 6], fixed_point__passes=2)
+    draws = [fixed_point_draw(cfg, s, plan_of(cfg, s).fixed_point) for s in range(cfg.steps)]
+    assert not any(draws[:200])  # none in the first phase
     late = [d for d in draws[200:] if d]
     assert 0.2 < len(late) / 200 < 0.4 and set(late) == {3, 4, 5, 6}
-    assert draws == [fixed_point_draw(cfg, s) for s in range(cfg.steps)]  # pure
-    assert not any(fixed_point_draw(replace(cfg, fp_prob=0.0), s) for s in range(400))
+    assert draws == [fixed_point_draw(cfg, s, plan_of(cfg, s).fixed_point) for s in range(400)]
+    assert not any(fixed_point_draw(cfg, s, 0.0) for s in range(400))
     # the loss: passes 4 and 5 of a 5-pass forward, weighted as passes 4 and 5, with no
     # gradient into the three warm passes
-    cfg = replace(cfg, answer_weight=(2.0, 3.0, 5.0, 7.0, 11.0))
+    cfg = cfg.with_overrides({"objective.answer_weight": [2.0, 3.0, 5.0, 7.0, 11.0]})
     model = FBTModel(replace(cfg.model, jitter=0.0), seed=0).train()
     b = make_batch(get_task("done_tracking").generate(4, (3, 9), seed=0))
     init = warm_states(model, b, 3)
@@ -144,7 +112,7 @@ def test_fixed_point_batches():
         ce = torch.nn.functional.cross_entropy(
             out.passes[k].logits.flatten(0, 1), b.targets.flatten().clamp(min=0), reduction="none"
         ).view_as(b.targets)
-        w = valid + b.answer.float() * (cfg.answer_weight[k] - 1.0)
+        w = valid + b.answer.float() * (cfg.objective.answer_weight[k] - 1.0)
         ref += float((ce * w).sum().detach() / w.sum())
     assert total.item() == pytest.approx(ref, rel=1e-5) and len(stats) == 2
     # the gradient stops at the warm passes: it equals that of a loss on detached states
@@ -159,21 +127,31 @@ def test_fixed_point_batches():
     exact = warm_states(model, b, 3, exact=True)
     torch.testing.assert_close(exact, warm_states(model, b, T), atol=2e-5, rtol=1e-4)
     assert (exact - init).abs().max() > 1e-3  # three passes are not there yet
-    for bad in ({"fp_prob": 1.5}, {"fp_warm": (0, 3)}, {"fp_warm": (5, 2)}, {"fp_passes": 0}):
-        with pytest.raises(ValueError, match="fp_"):
-            replace(cfg, **bad)
-    # a config written before the knob existed has none, whatever the default
-    d = cfg.to_dict()
-    del d["fp_prob"]
-    assert TrainConfig.from_dict(d).fp_prob == 0.0
+    for bad in (
+        {"schedule.1.fixed_point": 1.5},
+        {"fixed_point.warm": [0, 3]},
+        {"fixed_point.warm": [5, 2]},
+        {"fixed_point.passes": 0},
+    ):
+        with pytest.raises(ValueError, match="fixed_point"):
+            cfg.with_overrides(bad)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_training_with_fixed_point_batches_records_them(tmp_path):
+    sched = [
+        {"until": 0.25, "tasks": TASKS3, "passes": [0.5, 0.5], "n_max": 16},
+        {"until": 1.0, "fixed_point": 0.5},
+    ]
     cfg = tiny(
-        steps=12, fp_prob=0.5, fp_start=0.25, fp_warm=(2, 4), fp_exact=False, checkpoint_every=6
+        steps=12,
+        schedule=sched,
+        fixed_point__warm=[2, 4],
+        fixed_point__exact=False,
+        run__checkpoint_every=6,
     )
-    exact = train(replace(cfg, steps=6, fp_exact=True), tmp_path / "exact", argv=["test"])
+    exact = cfg.with_overrides({"steps": 6, "fixed_point.exact": True})
+    exact = train(exact, tmp_path / "exact", argv=["test"])
     assert {h.get("fp_warm") for h in exact["history"][2:]} >= {"recurrence"}
     with torch_threads(2):
         train(cfg, tmp_path / "full", argv=["test"])
@@ -191,7 +169,7 @@ def test_training_with_fixed_point_batches_records_them(tmp_path):
 def test_loss_is_sum_of_per_pass_next_token_losses():
     from fbt_probe.model import FBTModel
 
-    cfg = tiny(answer_weight=(1.0, 1.0))
+    cfg = tiny(objective__answer_weight=[1.0, 1.0])
     model = FBTModel(cfg.model, seed=0).eval()
     exs = get_task("delayed_memory").generate(4, (3,), seed=0)
     b = make_batch(exs)
@@ -212,7 +190,7 @@ def test_answer_weight_by_pass():
     # pass k's answer tokens weigh answer_weight[k-1]; the last weight holds for deeper passes
     from fbt_probe.model import FBTModel
 
-    cfg = tiny(answer_weight=(2.0, 5.0, 9.0))
+    cfg = tiny(objective__answer_weight=[2.0, 5.0, 9.0])
     model = FBTModel(cfg.model, seed=0).eval()
     b = make_batch(get_task("done_tracking").generate(4, (3, 9), seed=0))
     total, _ = multipass_loss(model, b, 4, cfg)
@@ -227,23 +205,21 @@ def test_answer_weight_by_pass():
         ref += float((ce * w).sum().detach() / w.sum())
     assert total.item() == pytest.approx(ref, rel=1e-5)
     # the two-weight form keeps its meaning: pass 1, then every pass >= 2
-    two, _ = multipass_loss(model, b, 4, tiny(answer_weight=(2.0, 5.0)))
-    three, _ = multipass_loss(model, b, 4, tiny(answer_weight=(2.0, 5.0, 5.0, 5.0)))
+    two, _ = multipass_loss(model, b, 4, tiny(objective__answer_weight=[2.0, 5.0]))
+    three, _ = multipass_loss(model, b, 4, tiny(objective__answer_weight=[2.0, 5.0, 5.0, 5.0]))
     assert two.item() == pytest.approx(three.item(), rel=1e-6)
-    for bad in ((), (1.0, -2.0)):
+    for bad in ([], [1.0, -2.0]):
         with pytest.raises(ValueError, match="answer_weight"):
-            tiny(answer_weight=bad)
+            tiny(objective__answer_weight=bad)
 
 
 def test_resume_reaches_the_same_weights(tmp_path):
     cfg = tiny(
         steps=12,
-        checkpoint_every=4,
-        eval_every=6,
-        prefix_mixin=True,
-        pass_mix=(0.3, 0.5, 0.2),
-        single_pass_frac=0.0,
-        mix_ramp_frac=0.0,
+        run__checkpoint_every=4,
+        run__eval_every=6,
+        objective__prefix_mixin=True,
+        schedule=one_phase((0.3, 0.5, 0.2)),
     )
     with torch_threads(2):
         train(cfg, tmp_path / "full", argv=["test"])
@@ -279,10 +255,11 @@ def test_training_step_is_bitwise_deterministic_on_two_threads():
     """The same batch, passes, prefixes and jitter seed give bitwise the same loss and
     gradients, again and again, with two threads. W_E[tokens]'s backward (index_put_ with
     accumulate) broke this: W_E's gradient differed in the last bits from call to call, and
-    two runs of the default recipe ended as different models (docs/training.md)."""
-    cfg = TrainConfig(prefix_mixin=True)  # the default model's size
+    two runs of the default recipe ended as different models (docs/history/training-log.md)."""
+    cfg = named_config("default")  # the default model's size
     model = FBTModel(cfg.model, seed=0)
-    batch = make_batch(cfg.stream().batch(1500, 32, 0.7))
+    plan = plan_of(cfg, 1600)
+    batch = make_batch(cfg.stream().batch(1500, 32, plan.tasks, plan.n_max))
     prefix = torch.arange(32) * 3
 
     def grads(passes):
@@ -304,7 +281,7 @@ def test_training_step_is_bitwise_deterministic_on_two_threads():
 
 
 def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    cfg = tiny(steps=10, checkpoint_every=3)
+    cfg = tiny(steps=10, run__checkpoint_every=3)
     real = T.multipass_loss
     calls = {"n": 0}
 
@@ -436,19 +413,25 @@ def test_eval_matches_teacher_forced_pass_logits():
     [
         ["--config", "nope"],
         ["--set", "steps"],
-        ["--set", "lr=-1"],
-        ["--config", "missing.json"],
-        ["--set", "mixture_late_ramp=[0.9,0.1]"],
-        ["--set", 'mixture_late={"nope":1}'],
-        ["--set", "curriculum_log_share=2"],
-        ["--set", "mixture_first={}"],
-        ["--set", 'task_params={"done_tracking":{"need_weights":[1]}}'],
-        ["--set", 'freeze={"nope.":[0,1]}'],
-        ["--set", 'freeze={"blocks.0.":[0.5,0.2]}'],
-        ["--set", 'freeze=["blocks.0."]'],
+        ["--set", "optim.lr=-1"],
+        ["--set", "optim.lr=fast"],
+        ["--set", "optim.nope=1"],
+        ["--set", "nope=1"],
+        ["--set", "lr=0.1"],  # a flat-format key is not a --set key
+        ["--set", "schedule.99.n_max=8"],
+        ["--set", "schedule.2.until=0.01"],
+        ["--set", 'schedule.0.tasks={"nope":1}'],
+        ["--set", "data.log_share=2"],
+        ["--set", "schedule.0.tasks={}"],
+        ["--set", 'data.task_params={"done_tracking":{"need_weights":[1]}}'],
+        ["--set", 'schedule.0.frozen=["nope."]'],
+        ["--set", 'schedule.0.frozen="blocks.0."'],
+        ["--set", 'schedule.0.ramp=["frozen"]'],
         ["--set", "init_from=/no/such/model"],
-        ["--set", "deep_batch_size=0"],
-        ["--set", "answer_weight=[]"],
+        ["--set", "deep_batches.batch_size=0"],
+        ["--set", "objective.answer_weight=[]"],
+        ["--set", 'model.depth_scaling="false"'],
+        ["--config", "missing.json"],
         ["--config", "tiny", "--set", "init_from=default"],  # the default is 4 x 128, tiny is not
     ],
 )
@@ -462,13 +445,20 @@ def test_train_bad_input(tmp_path, bad):
 
 
 def test_init_from_and_freeze(tmp_path):
-    base = tiny(steps=6, single_pass_frac=0.0, mix_ramp_frac=0.0, eval_every=6, checkpoint_every=3)
+    base = tiny(steps=6, schedule=one_phase(), run__eval_every=6, run__checkpoint_every=3)
     train(base, tmp_path / "a", argv=["test"])
     a = load_model(tmp_path / "a" / "model").state_dict()
     frozen = ("blocks.0.", "W_E")
+
+    def freeze(*windows):  # phases: (until, frozen?) in order
+        return [
+            {**one_phase()[0], "until": u, "frozen": list(frozen) if f else []} for u, f in windows
+        ]
+
     # frozen from the start: those weights stay exactly the initial model's, the rest train
-    always = {f: [0.0, 1.0] for f in frozen}
-    cfg = replace(base, seed=1, init_from=str(tmp_path / "a"), freeze=always)
+    cfg = base.with_overrides(
+        {"run.seed": 1, "init_from": str(tmp_path / "a"), "schedule": freeze((1.0, True))}
+    )
     train(cfg, tmp_path / "b", argv=["test"])
     b = load_model(tmp_path / "b" / "model").state_dict()
     assert (
@@ -480,7 +470,7 @@ def test_init_from_and_freeze(tmp_path):
         elif k.endswith(("W_Q", "W_in", "W_U")):
             assert not torch.allclose(a[k], b[k]), k
     # frozen from half-way: trained for steps 0-2, then fixed
-    cfg = replace(cfg, freeze={f: [0.5, 1.0] for f in frozen})
+    cfg = cfg.with_overrides({"schedule": freeze((0.5, False), (1.0, True))})
     train(cfg, tmp_path / "c", argv=["test"], stop_after=3)
     mid = load_model(tmp_path / "c" / "model").state_dict()
     train(cfg, tmp_path / "c", argv=["test"], resume=True)
@@ -489,7 +479,7 @@ def test_init_from_and_freeze(tmp_path):
     for k in a:
         assert torch.equal(mid[k], end[k]) == k.startswith(frozen), k
     # frozen for the first half only: fixed through steps 0-2, trained after
-    cfg = replace(cfg, freeze={f: [0.0, 0.5] for f in frozen})
+    cfg = cfg.with_overrides({"schedule": freeze((0.5, True), (1.0, False))})
     train(cfg, tmp_path / "d", argv=["test"], stop_after=3)
     mid = load_model(tmp_path / "d" / "model").state_dict()
     train(cfg, tmp_path / "d", argv=["test"], resume=True)
@@ -497,57 +487,6 @@ def test_init_from_and_freeze(tmp_path):
     for k in a:
         assert torch.equal(mid[k], a[k]) == k.startswith(frozen), k
         assert not torch.equal(mid[k], end[k]), k
-
-
-def test_schedule_fields_survive_the_run_folder_round_trip():
-    cfg = named_config("D").with_overrides(
-        {
-            "mixture_start": {"multi_register": 1.0},
-            "mixture_ramp_frac": 0.25,
-            "mixture_late": {"done_tracking": 3.0, "multi_register": 0.5},
-            "mixture_late_ramp": [0.5, 0.6],
-            "curriculum_log_share": 0.75,
-            "mixture_first": {"done_tracking": 1.0},
-            "mixture_first_frac": 0.1,
-        }
-    )
-    assert cfg.mixture_late_ramp == (0.5, 0.6)
-    back = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
-    assert back == cfg
-    s = back.stream()
-    assert s.curriculum.log_share == 0.75
-    np.testing.assert_allclose(s.probs_at(0.7), [0.0, 3.0 / 3.5, 0.5 / 3.5])
-    np.testing.assert_allclose(s.probs_at(0.05), [0.0, 1.0, 0.0])
-
-
-def test_three_tasks_recipe_schedules():
-    # the recipe of docs/training.md run Q: multi_register first, then the mixture, then less
-    # multi_register once it is learned; the other fields are run D's
-    cfg = named_config("three-tasks")
-    s = cfg.stream()
-    assert s._names == ["delayed_memory", "done_tracking", "multi_register"]
-    np.testing.assert_allclose(s.probs_at(0.0), [1 / 3, 0.0, 2 / 3])
-    np.testing.assert_allclose(s.probs_at(0.3), [0.1, 0.6, 0.3])
-    np.testing.assert_allclose(s.probs_at(0.6), np.array([0.5, 3.0, 0.35]) / 3.85)
-    assert {ex.task for i in range(4) for ex in s.batch(i, 32, 0.0)} == {
-        "delayed_memory",
-        "multi_register",
-    }
-    assert [s.curriculum.max_overwrites(p, 3) for p in (0.1, 0.5)] == [0, 3]
-    np.testing.assert_allclose(pass_probs(cfg, cfg.steps - 1)[:3], [0.15, 0.50, 0.25])
-    default = D_RECIPE
-    same_elsewhere = replace(
-        cfg,
-        **{
-            k: getattr(default, k)
-            for k in (
-                "name", "steps", "pass_mix", "answer_weight", "mixture", "mixture_start",
-                "mixture_ramp_frac", "mixture_late", "mixture_late_ramp", "overwrite_ramp",
-                "curriculum_log_share",
-            )
-        },
-    )  # fmt: skip
-    assert same_elsewhere == default
 
 
 def test_resolve_device():
@@ -572,9 +511,8 @@ def test_train_and_eval_cli_refuse_a_missing_gpu(tmp_path):
 def test_cuda_training_matches_cpu(tmp_path):
     """The same tiny run on the GPU and the CPU: same data and initial weights, so the
     losses agree up to floating-point differences, and the run folder loads on the CPU."""
-    base = named_config("tiny")
     # no jitter: its noise comes from the device's own generator, so it differs across devices
-    cfg = tiny(steps=12, eval_every=6, checkpoint_every=6, model=replace(base.model, jitter=0.0))
+    cfg = tiny(steps=12, run__eval_every=6, run__checkpoint_every=6, model__jitter=0.0)
     a = train(cfg, tmp_path / "cpu", device="cpu")
     b = train(cfg, tmp_path / "gpu", device="cuda")
     assert b["device"].startswith("cuda") and a["device"] == "cpu"
@@ -608,37 +546,3 @@ def test_cuda_training_matches_cpu(tmp_path):
     got = json.loads(r.output)
     assert set(got) == {"delayed_memory", "done_tracking", "multi_register"}
     assert all(set(v) == {"standard", "fused"} for v in got.values())
-
-
-def test_named_recipes_derive_from_run_d():
-    # paper, no-three-pass, additive, three-tasks and the documented commands of runs up to K3
-    # are run D's recipe with changes: D must stay exactly the config run D was trained with
-    d = json.loads((Path(__file__).parent / "data" / "D_train_config.json").read_text())
-    assert replace(named_config("D"), name="default") == TrainConfig.from_dict(d)
-    assert named_config("paper") == replace(
-        named_config("D"), name="paper", pass_mix=(0.75, 0.22, 0.03), prefix_mixin=True
-    )
-    assert TrainConfig() != replace(named_config("D"), name="default")
-
-
-def test_default_recipe_phases():
-    # the phase table of docs/training.md ("default"): tasks, counts, overwrites, passes, freeze
-    cfg = TrainConfig()
-    s = cfg.stream()
-    assert s._names == ["delayed_memory", "done_tracking", "multi_register"]
-    for progress, weights in (
-        (0.05, [0.5, 3.0, 0.0]),
-        (0.30, [0.4, 0.1, 1.0]),
-        (0.70, [0.5, 3.0, 1.0]),
-        (0.95, [0.5, 3.0, 0.35]),
-    ):
-        np.testing.assert_allclose(s.probs_at(progress), np.array(weights) / sum(weights))
-    assert [s.curriculum.n_max(p) for p in (0.0, 0.49, 0.71, 1.0)] == [8, 8, 256, 256]
-    assert [s.curriculum.max_overwrites(p, 3) for p in (0.19, 0.41)] == [0, 3]
-    assert pass_probs(cfg, 0)[0] == 1.0
-    assert pass_probs(cfg, int(0.25 * cfg.steps))[0] > 0.5  # mostly single-pass while mr is learned
-    np.testing.assert_allclose(pass_probs(cfg, int(0.45 * cfg.steps)), cfg.pass_mix)
-    assert cfg.model.n_heads == 16
-    assert cfg.task_params == {"done_tracking": {"need_weights": [1, 1, 2, 3]}}
-    assert cfg.pass_mix_late == ()
-    assert cfg.freeze == {p: [0.0, 0.11] for p in ("blocks.1.", "blocks.2.", "blocks.3.", "W_E")}
