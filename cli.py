@@ -295,9 +295,23 @@ def fit(
     no_controls: bool = typer.Option(
         False, "--no-controls", help="Skip the random-init and permuted-label controls."
     ),
+    probe: str = typer.Option(
+        "logistic",
+        "--probe",
+        help="The probe type: logistic (linear, the default) or mlp (one hidden layer, a "
+        "nonlinear upper bound); probes registered with probes.probe.register_probe too.",
+    ),
+    site: list[str] = typer.Option(
+        None,
+        "--site",
+        help="Where the features come from (repeatable): resid (block inputs at every depth, "
+        "the default) or a hook name such as fusion.hook_state or blocks.1.attn.hook_z, "
+        "optionally @colon-K for K positions before the colon.",
+    ),
     device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
-    """Fit group-cross-validated linear probes at the colon, at every depth and prefill."""
+    """Fit group-cross-validated probes at the colon, at every depth and prefill; the fitted
+    probes are saved in OUT/probes/."""
     from fbt_probe.progress import lazy_progress
     from fbt_probe.registry import resolve_model
     from probes.results import format_layer0, layer0_table
@@ -327,8 +341,14 @@ def fit(
     if folds < 2:
         raise ValueError("--folds must be at least 2")
     from fbt_probe.train import resolve_device
+    from probes.extract import RESID, site_hooks
+    from probes.probe import probe_class
 
+    probe_class(probe)
+    sites = tuple(site or (RESID,))
     m, name = resolve_model(model, resolve_device(device))
+    for s_ in sites:
+        site_hooks(m, s_)
     with lazy_progress("fit", 1) as bar:
         df = run_fit(
             m,
@@ -341,8 +361,13 @@ def fit(
             folds=folds,
             controls=not no_controls,
             progress=bar,
+            probe=probe,
+            sites=sites,
         )
-    typer.echo(f"wrote {out / 'probe_results.csv'} ({len(df)} rows) and probe_results.json")
+    typer.echo(
+        f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
+        f"fitted probes in {out / 'probes'}"
+    )
     typer.echo("\nlayer 0 at the colon, pooled over distractor counts 1..256:")
     typer.echo(format_layer0(layer0_table(df)))
 

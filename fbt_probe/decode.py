@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from fbt_probe.model import FBTModel, KVCache, PassOutput
 from fbt_probe.recurrence import run_recurrence
@@ -24,18 +23,15 @@ def prefill(model: FBTModel, prompt: torch.Tensor, mode: str, cache: KVCache) ->
     """Fill ``cache`` with the prompt (batch, pos) as ``mode`` reads it."""
     if mode not in MODES:
         raise ValueError(f"unknown decoding mode {mode!r}; choose from {', '.join(MODES)}")
+    if mode == "full":
+        return run_recurrence(model, prompt, cache=cache)
+    model.set_context(0, None, 0)
+    emb = model.embed(prompt)
     if mode in ("standard", "soft"):
-        return model.stack(model.embed(prompt), 0, cache)
-    if mode == "fused":
-        emb = model.embed(prompt)
-        first = model.stack(emb)
-        shifted = F.pad(first.states[:, :-1], (0, 0, 1, 0))
-        plain = model.plain_mask(prompt.shape[0], prompt.shape[1], None, prompt.device)
-        model._pass = 1
-        out = model.stack(model.fuse(shifted, emb, plain), 0, cache)
-        model._pass = 0
-        return out
-    return run_recurrence(model, prompt, cache=cache)
+        return model.feedback_pass(emb, cache=cache)
+    first = model.feedback_pass(emb)
+    plain = model.plain_mask(prompt.shape[0], prompt.shape[1], None, prompt.device)
+    return model.feedback_pass(emb, first.states, plain=plain, cache=cache, pass_index=1)
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
@@ -73,9 +69,12 @@ def generate(
     tok = _pick(out.logits[:, -1], temperature, gen)
     new, states = [tok], [h]
     for i in range(max_new_tokens - 1):
+        model.set_context(None, T + i, T + i)
         e = model.embed(tok[:, None])
-        x = e if mode == "standard" else model.fuse(h, e, None)
-        out = model.stack(x, T + i, cache)
+        carry = None if mode == "standard" else h  # soft: fused with the previous step's state
+        out = model.feedback_pass(
+            e, carry=carry, offset=T + i, cache=cache, pass_index=None, step=T + i
+        )
         h = out.states
         tok = _pick(out.logits[:, -1], temperature, gen)
         new.append(tok)

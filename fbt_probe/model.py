@@ -9,6 +9,14 @@ Hook names follow TransformerLens (``hook_embed``, ``blocks.{l}.hook_resid_pre``
 plus the feedback's own: ``fusion.hook_state``, ``fusion.hook_gate``, ``fusion.hook_fused``.
 A multi-pass forward fires every hook once per pass; ``run_with_pass_caches`` keys the
 activations by pass so that pass 2 never overwrites pass 1.
+
+Every pass, of the Jacobi forward, of the sequential recurrence or of decoding, goes through
+``feedback_pass``: the one place where states are shifted and fused. It also tells every hook
+what fired it: ``hook.ctx["pass"]`` (0 = pass 1; None in the recurrence and in generated
+steps), ``hook.ctx["step"]`` (the position the recurrence or the decoder is computing; None
+in Jacobi passes) and ``hook.ctx["offset"]`` (the first position of the tensor the hook
+sees); ``model.context`` holds the same. ``fbt_probe.hooks.at`` restricts a hook to passes,
+steps and positions.
 """
 
 from __future__ import annotations
@@ -193,10 +201,10 @@ class FBTModel(HookedRootModule):
             cos, sin = rotary_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self._pass = 0  # which pass the hooks are firing for (read by the caching hooks)
-        self._offset = 0  # first position of the chunk being computed
+        self.context = {"pass": 0, "step": None, "offset": 0}  # what the hooks are firing for
         self.init_weights(seed)
         self.setup()
+        self._hook_points = list(self.hook_dict.values())
 
     # ---- weights -------------------------------------------------------------------
     def init_weights(self, seed: int | None = None) -> None:
@@ -223,9 +231,14 @@ class FBTModel(HookedRootModule):
         # training differed by 1e-7 at some step and then drifted apart (docs/history/training-log.md)
         return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
 
+    def set_context(self, pass_index: int | None, step: int | None, offset: int) -> None:
+        """Record what fires the hooks next, in ``model.context`` and every ``hook.ctx``."""
+        self.context = {"pass": pass_index, "step": step, "offset": offset}
+        for hp in self._hook_points:
+            hp.ctx.update(self.context)
+
     def stack(self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> PassOutput:
         """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos)."""
-        self._offset = offset
         if offset + x.shape[1] > self.cfg.n_ctx:
             raise ValueError(
                 f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
@@ -252,6 +265,38 @@ class FBTModel(HookedRootModule):
             prev_states = prev_states + (torch.rand_like(prev_states) * 2 - 1) * self.cfg.jitter
         fused = self.fusion(prev_states, emb)
         return fused if plain is None else torch.where(plain[..., None], emb, fused)
+
+    def feedback_pass(
+        self,
+        emb: torch.Tensor,
+        states: torch.Tensor | None = None,
+        carry: torch.Tensor | None = None,
+        plain: torch.Tensor | None = None,
+        *,
+        offset: int = 0,
+        cache: KVCache | None = None,
+        pass_index: int | None = 0,
+        step: int | None = None,
+    ) -> PassOutput:
+        """One pass of the stack over positions [offset, offset + pos): the only place where
+        the fed-back state enters.
+
+        emb: (batch, pos, d_model) plain embeddings; states: (batch, pos, d_model) top states of
+        the previous pass at the same positions (None: a plain pass); carry: (batch, 1, d_model)
+        the top state of position offset - 1 (the recurrence and decoding, one position at a
+        time); plain: (batch, pos) bool, positions that keep their plain embedding. Position t
+        is fused with h_{t-1}, i.e. ``states`` shifted right by one with ``carry`` in front.
+        ``pass_index`` and ``step`` go to every hook's ``ctx``.
+        """
+        self.set_context(pass_index, step, offset)
+        if states is None and carry is None:
+            return self.stack(emb, offset, cache)
+        B, T, D = emb.shape
+        first = carry if carry is not None else emb.new_zeros(B, 1, D)
+        prev = first if states is None else torch.cat([first, states[:, : T - 1]], dim=1)
+        if plain is not None and bool(plain.all()):
+            return self.stack(emb, offset, cache)  # nothing to fuse
+        return self.stack(self.fuse(prev, emb, plain), offset, cache)
 
     @staticmethod
     def plain_mask(batch: int, T: int, prefix_len, device, offset: int = 0) -> torch.Tensor:
@@ -294,28 +339,22 @@ class FBTModel(HookedRootModule):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
-        self._pass, self._offset = 0, 0  # hooks fired by embed() read these
+        self.set_context(0, None, 0)  # hook_embed fires with pass 1
         emb = self.embed(tokens)
         plain = self.plain_mask(B, T, prefix_len, tokens.device)
         valid = None if lengths is None else self.length_mask(T, lengths, tokens.device)
+        if init_states is not None and init_states.shape != emb.shape:
+            raise ValueError(
+                f"init_states must be {tuple(emb.shape)}, got {tuple(init_states.shape)}"
+            )
         outs: list[PassOutput] = []
-        x = emb
-        if init_states is not None:
-            if init_states.shape != emb.shape:
-                raise ValueError(
-                    f"init_states must be {tuple(emb.shape)}, got {tuple(init_states.shape)}"
-                )
-            x = self.fuse(F.pad(init_states[:, :-1], (0, 0, 1, 0)), emb, plain)
+        prev = init_states
         for k in range(passes):
-            self._pass = k
-            out = self.stack(x)
+            out = self.feedback_pass(emb, prev, plain=plain, pass_index=k)
             if valid is not None:
                 out = PassOutput(out.logits, out.states * valid[..., None])
             outs.append(out)
-            if k + 1 < passes:
-                shifted = F.pad(out.states[:, :-1], (0, 0, 1, 0))  # h_{t-1} at position t
-                x = self.fuse(shifted, emb, plain)
-        self._pass = 0
+            prev = out.states
         return MultiPassOutput(outs)
 
     # ---- caching -----------------------------------------------------------------
@@ -351,9 +390,15 @@ class PositionCapture:
     """A caching hook that files activations by pass and keeps only chosen positions."""
 
     def __init__(
-        self, model: FBTModel, names_filter, positions: torch.Tensor | None, n_passes: int
+        self,
+        model: FBTModel,
+        names_filter,
+        positions: torch.Tensor | None,
+        n_passes: int,
+        by_pass: bool = True,
     ):
         self.model = model
+        self.by_pass = by_pass  # False: one cache for everything (the recurrence)
         if names_filter is None:
             self.filter = lambda name: True
         elif isinstance(names_filter, str):
@@ -372,7 +417,8 @@ class PositionCapture:
         self.store: list[dict[str, object]] = [{} for _ in range(n_passes)]
 
     def hook(self, tensor: torch.Tensor, hook: HookPoint) -> None:
-        name, k = hook.name, self.model._pass
+        name = hook.name
+        k = self.model.context["pass"] if self.by_pass else 0
         t = tensor.detach()
         pos_dim = 2 if name.endswith("hook_pattern") else 1
         if self.positions is None:
@@ -383,7 +429,7 @@ class PositionCapture:
                 "hook_pattern at chosen positions is only available in multi-pass forwards"
             )
         pos = self.positions.to(t.device)
-        idx = pos - self.model._offset
+        idx = pos - self.model.context["offset"]
         ok = (idx >= 0) & (idx < t.shape[pos_dim])
         buf = self.store[k].get(name)
         if buf is None:

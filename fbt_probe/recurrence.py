@@ -27,17 +27,21 @@ def run_recurrence(
         raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
     B, T = tokens.shape
     cache = cache if cache is not None else KVCache(model.cfg, B, T, device=tokens.device)
-    model._pass = 0
-    model._offset = 0
+    model.set_context(None, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, prefix_len, tokens.device)
     logits, states = [], []
     h_prev = None
     for t in range(T):
-        x = emb[:, t : t + 1]
-        if h_prev is not None and not bool(plain[:, t].all()):
-            x = model.fuse(h_prev, x, plain[:, t : t + 1])
-        out = model.stack(x, offset=t, cache=cache)
+        out = model.feedback_pass(
+            emb[:, t : t + 1],
+            carry=h_prev,
+            plain=plain[:, t : t + 1],
+            offset=t,
+            cache=cache,
+            pass_index=None,
+            step=t,
+        )
         h_prev = out.states
         logits.append(out.logits)
         states.append(out.states)
@@ -53,7 +57,7 @@ def run_recurrence_with_cache(
 ) -> tuple[PassOutput, ActivationCache]:
     """The recurrence with an ``ActivationCache``; ``positions`` (batch,) keeps one position
     per example (e.g. the colon), so memory does not grow with the sequence length."""
-    cap = PositionCapture(model, names_filter, positions, 1)
+    cap = PositionCapture(model, names_filter, positions, 1, by_pass=False)
     with model.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
         out = run_recurrence(model, tokens, prefix_len=prefix_len)
     return out, cap.caches()[0]

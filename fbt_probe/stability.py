@@ -41,8 +41,7 @@ def heldout_batch(
 
 def _feedback_step(model: FBTModel, states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor):
     """One pass: previous top states (batch, pos, d_model) -> this pass's output."""
-    shifted = F.pad(states[:, :-1], (0, 0, 1, 0))
-    return model.stack(model.fuse(shifted, emb, plain))
+    return model.feedback_pass(emb, states, plain=plain, pass_index=None)
 
 
 def float64_copy(model: FBTModel) -> FBTModel:
@@ -100,12 +99,12 @@ def jacobi_trajectory(
         raise ValueError("passes must be >= 1")
     model.eval()
     B, T = batch.tokens.shape
+    model.set_context(0, None, 0)
     emb = model.embed(batch.tokens)
     plain = model.plain_mask(B, T, None, batch.tokens.device)
     valid = batch.valid
     rows = []
     prev = None
-    x = emb
     m64 = float64_copy(model) if any(2 <= k <= passes for k in lipschitz_at) else None
     for k in range(1, passes + 1):
         if rows and rows[-1]["delta_max"] == 0.0:
@@ -115,7 +114,7 @@ def jacobi_trajectory(
             if progress is not None:
                 progress(k, passes, f"pass {k} (fixed point)")
             continue
-        out = model.stack(x)
+        out = model.feedback_pass(emb, prev, plain=plain, pass_index=k - 1)
         h = out.states * valid[..., None]
         ce = F.cross_entropy(
             out.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
@@ -139,7 +138,6 @@ def jacobi_trajectory(
                     )
         rows.append(row)
         prev = h
-        x = model.fuse(F.pad(h[:, :-1], (0, 0, 1, 0)), emb, plain)
         if progress is not None:
             progress(k, passes, f"pass {k}")
     return rows

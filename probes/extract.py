@@ -5,6 +5,10 @@ recurrent prefill *is* the fused feedback), and depth L is the last block's outp
 Prefill modes: ``standard`` (pass 1), ``recurrent`` (pass 2), ``k<N>`` (pass N, N-step
 Jacobi) and ``full`` (the exact sequential recurrence). Results are cached on disk under
 the model hash and the dataset hash, so a second fit reuses them.
+
+A *site* says where features come from: ``resid`` (the depth ladder above, the default) or
+any hook name (``fusion.hook_state``, ``blocks.2.attn.hook_z``, ...), optionally at an offset
+from the colon: ``blocks.0.hook_resid_pre@colon-1`` is the position before the colon.
 """
 
 from __future__ import annotations
@@ -43,6 +47,43 @@ def parse_prefill(prefill: str) -> int | None:
     )
 
 
+RESID = "resid"
+
+
+class SiteNotFired(ValueError):
+    """The site's hook does not fire under this prefill (a fusion hook in pass 1)."""
+
+
+def parse_site(site: str) -> tuple[str, int]:
+    """``HOOK[@colon-K]`` -> (hook or "resid", offset from the colon, <= 0)."""
+    hook, _, where = site.partition("@")
+    if not hook:
+        raise ValueError(f"invalid site {site!r}: use resid or a hook name, e.g. fusion.hook_state")
+    if not where or where == "colon":
+        return hook, 0
+    if where.startswith("colon-") and where[6:].isdigit():
+        return hook, -int(where[6:])
+    raise ValueError(
+        f"invalid position {where!r} in site {site!r}: use @colon or @colon-K (K positions "
+        "before the colon; the prompt ends at the colon)"
+    )
+
+
+def site_hooks(model: FBTModel, site: str) -> list[str]:
+    """The hooks a site reads, in depth order."""
+    hook, _ = parse_site(site)
+    if hook == RESID:
+        return depth_hooks(model)
+    if hook not in model.hook_dict:
+        raise ValueError(
+            f"unknown site {hook!r}: use resid or a hook name such as blocks.0.hook_resid_pre, "
+            "blocks.1.attn.hook_z, fusion.hook_state, ln_final.hook_normalized"
+        )
+    if hook.endswith("hook_pattern"):
+        raise ValueError("attention patterns have no fixed width: probe hook_z or hook_q instead")
+    return [hook]
+
+
 def depth_hooks(model: FBTModel) -> list[str]:
     L = model.cfg.n_layers
     return [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
@@ -57,14 +98,24 @@ def _batches(lengths: np.ndarray, batch_size: int):
 
 @torch.no_grad()
 def extract_features(
-    model: FBTModel, ds: Dataset, prefill: str, batch_size: int = 128, progress=None
+    model: FBTModel,
+    ds: Dataset,
+    prefill: str,
+    batch_size: int = 128,
+    progress=None,
+    site: str = RESID,
 ) -> np.ndarray:
-    """(n_examples, L+1, d_model) float32: the residual at each colon at every depth."""
+    """(n_examples, n_depths, width) float32 at each example's site position: for ``resid``
+    the residual at the colon at every depth (L+1, d_model); for a hook, that one activation
+    (flattened)."""
     passes = parse_prefill(prefill)
     model.eval()
-    hooks = depth_hooks(model)
+    hooks = site_hooks(model, site)
+    offset = parse_site(site)[1]
+    if (ds.colon_index + offset < 0).any():
+        raise ValueError(f"site {site!r} lies before the start of some prompts")
     prompt_lens = ds.colon_index + 1
-    out = np.zeros((len(ds), len(hooks), model.cfg.d_model), dtype=np.float32)
+    out = None
     device = next(model.parameters()).device
     done = 0
     for idx in _batches(prompt_lens, batch_size):
@@ -73,23 +124,33 @@ def extract_features(
         for j, i in enumerate(idx):
             toks[j, : prompt_lens[i]] = torch.from_numpy(ds.token_ids[i][: prompt_lens[i]])
         toks = toks.to(device)
-        colon = torch.as_tensor(ds.colon_index[idx], device=device)
+        at = torch.as_tensor(ds.colon_index[idx] + offset, device=device)
         if passes is None:
-            _, cache = run_recurrence_with_cache(model, toks, names_filter=hooks, positions=colon)
+            _, cache = run_recurrence_with_cache(model, toks, names_filter=hooks, positions=at)
         else:
             _, caches = model.run_with_pass_caches(
-                toks, passes=passes, names_filter=hooks, positions=colon
+                toks, passes=passes, names_filter=hooks, positions=at
             )
             cache = caches[-1]
-        out[idx] = torch.stack([cache[h] for h in hooks], dim=1).cpu().numpy()
+        missing = [h for h in hooks if h not in cache]
+        if missing:
+            raise SiteNotFired(
+                f"{missing[0]} does not fire under {prefill} prefill (pass 1 has no feedback); "
+                "use --prefill recurrent or full"
+            )
+        vals = torch.stack([cache[h].flatten(1) for h in hooks], dim=1).cpu().numpy()
+        if out is None:
+            out = np.zeros((len(ds), *vals.shape[1:]), dtype=np.float32)
+        out[idx] = vals
         done += len(idx)
         if progress is not None:
             progress(done, len(ds), prefill)
     return out
 
 
-def cache_key(mhash: str, dhash: str, prefill: str) -> str:
-    return hashlib.sha256(f"{mhash}|{dhash}|{prefill}|v1".encode()).hexdigest()[:20]
+def cache_key(mhash: str, dhash: str, prefill: str, site: str = RESID) -> str:
+    extra = "" if site == RESID else f"|{site}"  # resid keeps the keys written before sites
+    return hashlib.sha256(f"{mhash}|{dhash}|{prefill}|v1{extra}".encode()).hexdigest()[:20]
 
 
 def extract_cached(
@@ -99,22 +160,24 @@ def extract_cached(
     cache_dir: str | Path | None = DEFAULT_CACHE,
     mhash: str | None = None,
     progress=None,
+    site: str = RESID,
 ) -> tuple[np.ndarray, bool]:
-    """Features for (model, dataset, prefill), from disk when already extracted.
+    """Features for (model, dataset, prefill, site), from disk when already extracted.
 
     Returns ``(features, was_cached)``.
     """
     parse_prefill(prefill)
+    site_hooks(model, site)
     if cache_dir is None:
-        return extract_features(model, ds, prefill, progress=progress), False
+        return extract_features(model, ds, prefill, progress=progress, site=site), False
     mhash = mhash or model_hash(model)
-    path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill)}.npy"
+    path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill, site)}.npy"
     if path.is_file():
         try:
             return np.load(path), True
         except (OSError, ValueError, EOFError):
             path.unlink(missing_ok=True)  # a damaged cache entry is recomputed
-    feats = extract_features(model, ds, prefill, progress=progress)
+    feats = extract_features(model, ds, prefill, progress=progress, site=site)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
     os.close(fd)
@@ -128,6 +191,7 @@ def extract_cached(
                     "model_hash": mhash,
                     "dataset_hash": ds.content_hash,
                     "prefill": prefill,
+                    "site": site,
                     "task": ds.task,
                 }
             )

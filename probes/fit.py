@@ -18,14 +18,17 @@ from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-CS = (0.01, 0.1, 1.0)
+from probes.probe import LogisticProbe, probe_class
+
+CS = LogisticProbe.grid
 N_FOLDS = 5
 INNER_FOLDS = 2
 N_BOOT = 1000
 
 
 def make_probe(C: float) -> Pipeline:
-    """The probe: standardise, then (multinomial) logistic regression."""
+    """The default probe as one sklearn pipeline: standardise, then (multinomial) logistic
+    regression; ``probes.probe.LogisticProbe`` fits exactly this (tests compare the two)."""
     return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=200, tol=1e-3))
 
 
@@ -43,8 +46,10 @@ def grouped_splits(
         return list(GroupKFold(n_splits=n_folds).split(np.zeros(len(y)), y, groups))
 
 
-def choose_C(X, y, groups, Cs=CS, inner_folds=INNER_FOLDS) -> float:
-    """Pick C by grouped CV on (X, y) alone; ties go to the stronger regularisation."""
+def choose_C(X, y, groups, Cs=CS, inner_folds=INNER_FOLDS, probe: str = "logistic") -> float:
+    """Pick the probe's regularisation (C for logistic) by grouped CV on (X, y) alone; ties
+    go to the first value of the grid (the strongest regularisation for logistic)."""
+    make = probe_class(probe)
     if len(Cs) == 1 or len(np.unique(groups)) < inner_folds or len(np.unique(y)) < 2:
         return Cs[-1]
     inner = list(GroupKFold(n_splits=inner_folds).split(X, y, groups))
@@ -55,7 +60,7 @@ def choose_C(X, y, groups, Cs=CS, inner_folds=INNER_FOLDS) -> float:
             if len(np.unique(y[tr])) < 2:
                 acc.append(np.mean(y[te] == _majority(y[tr])))
                 continue
-            acc.append(make_probe(C).fit(X[tr], y[tr]).score(X[te], y[te]))
+            acc.append(np.mean(make(C).fit(X[tr], y[tr]).predict(X[te]) == y[te]))
         scores.append(np.mean(acc))
     return Cs[int(np.argmax(np.round(scores, 6)))]
 
@@ -81,9 +86,13 @@ def cross_validate(
     splits: list[tuple[np.ndarray, np.ndarray]],
     groups: np.ndarray | None = None,
     C: float | None = None,
-    Cs=CS,
+    Cs=None,
+    probe: str = "logistic",
 ) -> CVResult:
-    """Accuracy of the probe over ``splits``; ``C`` fixed, or chosen per fold by nested CV."""
+    """Accuracy of ``probe`` (a registered probe type) over ``splits``; its regularisation
+    ``C`` fixed, or chosen per fold from ``Cs`` (default: the probe's grid) by nested CV."""
+    make = probe_class(probe)
+    Cs = make.grid if Cs is None else Cs
     correct = np.zeros(len(y), dtype=bool)
     folds, chance, chosen = [], [], []
     for tr, te in splits:
@@ -93,8 +102,8 @@ def cross_validate(
             pred = np.full(len(te), maj)
             c = float("nan")
         else:
-            c = C if C is not None else choose_C(X[tr], y[tr], groups[tr], Cs)
-            pred = make_probe(c).fit(X[tr], y[tr]).predict(X[te])
+            c = C if C is not None else choose_C(X[tr], y[tr], groups[tr], Cs, probe=probe)
+            pred = make(c).fit(X[tr], y[tr]).predict(X[te])
         correct[te] = pred == y[te]
         folds.append(float(np.mean(pred == y[te])))
         chosen.append(c)

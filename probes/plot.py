@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from probes.results import load_results  # noqa: E402
+from probes.results import load_results, primary  # noqa: E402
 
 PREFILL_ORDER = ["standard", "recurrent", "full"]
 CMAP = "cividis"  # perceptually uniform and colour-blind safe
@@ -189,7 +189,7 @@ def plot_all(
     results: str | Path, out: str | Path | None = None
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Every figure from ``results`` (a folder or the CSV) into ``out`` (default: results/figures)."""
-    df = load_results(results)
+    df = primary(load_results(results))
     base = Path(results) if Path(results).is_dir() else Path(results).parent
     out = Path(out) if out is not None else base / "figures"
     return {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from probes.results import PAPER_LAYER0, load_results
+from probes.results import PAPER_LAYER0, load_results, primary
 
 
 def _fmt(x: float) -> str:
@@ -65,7 +65,7 @@ def multi_register_table(df: pd.DataFrame) -> str:
 def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
     """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
     res = Path(results)
-    df = load_results(res)
+    df = primary(load_results(res))
     meta_path = res / "probe_results.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     figs = Path(figures) if figures is not None else res / "figures"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-# The paper's layer-0 figures at the colon (GUIDE §2); None where it gives no number.
+# The paper's layer-0 figures at the colon; absent where it gives no number.
 PAPER_LAYER0 = {
     ("done_tracking", "standard"): "near chance",
     ("done_tracking", "recurrent"): "99.6 %",
@@ -36,7 +36,18 @@ def load_results(results: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path} lacks columns {sorted(missing)}")
     if "overwrites" not in df.columns:
         df["overwrites"] = "all"
+    for col, default in (("probe", "logistic"), ("site", "resid")):  # tables written before
+        if col not in df.columns:
+            df[col] = default
     return df
+
+
+def primary(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one probe and site, the ones the figures and the report show: the
+    logistic probe on the residual ladder when present, else the first pair in the table."""
+    pairs = list(dict.fromkeys(zip(df.probe, df.site, strict=True)))
+    pick = ("logistic", "resid") if ("logistic", "resid") in pairs else pairs[0]
+    return df[(df.probe == pick[0]) & (df.site == pick[1])]
 
 
 def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
@@ -44,7 +55,8 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
     its interval, chance, majority, the random-init control, permuted labels, the paper."""
     pooled = df[(df.distractors == "1-256") & (df.overwrites == "all") & (df.depth == depth)]
     rows = []
-    for (task, target, prefill), g in pooled.groupby(["task", "target", "prefill"], sort=False):
+    keys = ["task", "target", "probe", "site", "prefill"]
+    for (task, target, probe, site, prefill), g in pooled.groupby(keys, sort=False):
         tr = g[g.model == "trained"]
         if tr.empty:
             continue
@@ -52,7 +64,7 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
         ctl = g[g.model == "random_init"]
         perm = g[g.model == "permuted"]
         rows.append({
-            "task": task, "target": target, "prefill": prefill,
+            "task": task, "target": target, "probe": probe, "site": site, "prefill": prefill,
             "accuracy": r.accuracy, "ci_low": r.ci_low, "ci_high": r.ci_high,
             "chance": r.chance, "majority": r.majority,
             "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
@@ -63,14 +75,22 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
 
 
 def format_layer0(table: pd.DataFrame) -> str:
-    """Plain-text rendering (markdown) of ``layer0_table``."""
-    lines = [
-        "| task | target | prefill | layer-0 accuracy [95 % CI] | chance | random-init | permuted | paper |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    """Plain-text rendering (markdown) of ``layer0_table``; probe and site columns appear
+    when the table holds more than the logistic probe on the residual ladder."""
+    extra = bool(len(table)) and set(zip(table.probe, table.site, strict=True)) != {
+        ("logistic", "resid")
+    }
+    head = (
+        "| task | target | "
+        + ("probe | site | " if extra else "")
+        + "prefill | layer-0 accuracy [95 % CI] | chance | random-init | permuted | paper |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in table.itertuples():
         lines.append(
-            f"| {r.task} | {r.target} | {r.prefill} | {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | "
+            f"| {r.task} | {r.target} | "
+            + (f"{r.probe} | {r.site} | " if extra else "")
+            + f"{r.prefill} | {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | "
             f"{r.chance:.3f} | {r.random_init:.3f} | {r.permuted:.3f} | {r.paper} |"
         )
     return "\n".join(lines)

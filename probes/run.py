@@ -1,9 +1,11 @@
-"""The whole probing protocol behind ``fbt-probe fit``: extract, fit, control, write.
+"""The whole probing protocol behind ``fbt-probe fit``: extract, plan, fit, control, write.
 
-For each task, target, prefill and depth it fits the grouped, nested-CV probe on the
-trained model (pooled over distractor counts 1..256, per count, and for multi_register
-per number of overwrites), on a random-init model of the same config (the control that
-gives "decodable" a meaning) and on group-permuted labels (which must land at chance).
+The protocol is a plan of cells (``Cell``: task, target, site, prefill, depth, subset and
+control), built first and then executed. For each task, target, site, prefill and depth it
+fits the grouped, nested-CV probe on the trained model (pooled over distractor counts
+1..256, per count, and for multi_register per number of overwrites), on a random-init model
+of the same config (the control that gives "decodable" a meaning) and on group-permuted
+labels (which must land at chance).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +24,16 @@ from fbt_probe import __version__
 from fbt_probe.checkpoint import model_hash
 from fbt_probe.model import FBTModel
 from fbt_probe.registry import random_init_like
-from probes.extract import DEFAULT_CACHE, extract_cached, parse_prefill
-from probes.fit import CS, N_FOLDS, bootstrap_ci, cross_validate, grouped_splits, permute_by_group
+from probes.extract import (
+    DEFAULT_CACHE,
+    RESID,
+    SiteNotFired,
+    extract_cached,
+    parse_prefill,
+    site_hooks,
+)
+from probes.fit import N_FOLDS, bootstrap_ci, cross_validate, grouped_splits, permute_by_group
+from probes.probe import probe_class
 from tasks import TASK_NAMES, vocab
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
@@ -30,8 +41,10 @@ from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
 COLUMNS = [
     "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
     "accuracy", "ci_low", "ci_high", "chance", "majority", "n_examples", "n_groups", "C",
+    "probe", "site",
 ]  # fmt: skip
 POOLED = "1-256"
+CONTROLS = ("random_init", "permuted")
 
 
 def targets_of(ds: Dataset) -> dict[str, np.ndarray]:
@@ -42,24 +55,94 @@ def targets_of(ds: Dataset) -> dict[str, np.ndarray]:
     return {"label": labels[:, 0]}
 
 
-def _cell(X, y, groups, seed, folds, C=None):
-    """One probe cell: nested CV (C None) or fixed C; returns the row's numbers."""
-    import warnings
+@dataclass(frozen=True)
+class Cell:
+    """One probe fit of the protocol: which features, which labels, which examples.
 
-    from sklearn.exceptions import ConvergenceWarning
+    ``model``: the trained model, its random-init control, or the trained model's features
+    with group-permuted labels. ``distractors``/``overwrites``: the subset ("1-256" = counts
+    1..256 pooled, "all" = every overwrite count). ``C``: the probe's regularisation, or None
+    to choose it by nested grouped CV."""
 
-    # Probes on features that carry no signal (random init, permuted labels) often stop at
-    # max_iter; the warning would drown the output and says nothing about the result.
-    warnings.filterwarnings("ignore", category=ConvergenceWarning)
-    splits = grouped_splits(y, groups, folds, seed)
-    res = cross_validate(X, y, splits, groups=groups, C=C)
-    lo, hi = bootstrap_ci(res.correct, groups, seed)
-    cs = [c for c in res.Cs if c == c]
-    return {
-        "accuracy": res.accuracy, "ci_low": lo, "ci_high": hi, "chance": res.chance,
-        "majority": res.majority, "n_examples": int(len(y)), "n_groups": int(len(np.unique(groups))),
-        "C": float(np.median(cs)) if cs else float("nan"),
-    }  # fmt: skip
+    task: str
+    target: str
+    site: str
+    prefill: str
+    depth: int
+    model: str = "trained"
+    distractors: str = POOLED
+    overwrites: str = "all"
+    C: float | None = None
+
+    @property
+    def features(self) -> tuple[str, str, str, str]:
+        """The feature table the cell reads: (task, prefill, site, model whose features)."""
+        return (
+            self.task,
+            self.prefill,
+            self.site,
+            "random_init" if self.model == "random_init" else "trained",
+        )
+
+
+def _overwrites(ds: Dataset) -> np.ndarray | None:
+    return np.array([list(o) for o in ds.overwrites]) if ds.task == "multi_register" else None
+
+
+def pooled_plan(tasks, datasets, prefills, sites, n_depths, controls: bool) -> list[Cell]:
+    """The headline cells: every task, target, site, prefill and depth, counts 1..256."""
+    models = ("trained", *CONTROLS) if controls else ("trained",)
+    return [
+        Cell(t, target, site, p, d, model=m, C=1.0 if m == "permuted" else None)
+        for t in tasks
+        for target in targets_of(datasets[t])
+        for site in sites
+        for p in prefills
+        for d in range(n_depths[(t, site)])
+        for m in models
+    ]
+
+
+def subset_plan(pooled_rows, datasets, folds: int, grid) -> list[Cell]:
+    """Per distractor count, and for multi_register per number of overwrites, of each trained
+    pooled cell, with C fixed to the pooled cell's choice (no second nesting). A subset with
+    fewer groups than folds is left out."""
+    out = []
+    for r in pooled_rows:
+        if r["model"] != "trained":
+            continue
+        ds = datasets[r["task"]]
+        C = grid[-1] if r["C"] != r["C"] else r["C"]
+        base = Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"], C=C)
+        counts, groups = ds.n_distractors, ds.group
+        for n in sorted(set(counts.tolist())):
+            if len(np.unique(groups[counts == n])) >= folds:
+                out.append(replace(base, distractors=str(n)))
+        ow = _overwrites(ds)
+        if ow is not None:
+            ti = list(targets_of(ds)).index(r["target"])
+            for k in sorted(set(ow[:, ti].tolist())):
+                m = (counts >= 1) & (ow[:, ti] == k)
+                if len(np.unique(groups[m])) >= folds:
+                    out.append(replace(base, overwrites=str(k)))
+    return out
+
+
+def cell_data(cell: Cell, ds: Dataset, feats: np.ndarray, seed: int):
+    """(X, y, groups) of a cell."""
+    counts, groups = ds.n_distractors, ds.group
+    y = targets_of(ds)[cell.target]
+    if cell.distractors == POOLED:
+        m = counts >= 1
+    else:
+        m = counts == int(cell.distractors)
+    if cell.overwrites != "all":
+        ti = list(targets_of(ds)).index(cell.target)
+        m = m & (_overwrites(ds)[:, ti] == int(cell.overwrites))
+    X, y, g = feats[m, cell.depth], y[m], groups[m]
+    if cell.model == "permuted":
+        y = permute_by_group(y, g, seed + 1)
+    return X, y, g
 
 
 def load_or_generate(task: str, data: str | Path | None) -> Dataset:
@@ -89,14 +172,22 @@ def run_fit(
     cache_dir: str | Path | None = DEFAULT_CACHE,
     n_jobs: int = 2,
     progress=None,
+    probe: str = "logistic",
+    sites: tuple[str, ...] = (RESID,),
+    save_probes: bool = True,
 ) -> pd.DataFrame:
-    """Run the protocol and write ``probe_results.csv`` and ``probe_results.json``."""
+    """Run the protocol and write ``probe_results.csv``, ``probe_results.json`` and (with
+    ``save_probes``) every trained pooled cell's probe, refit on all its data, to
+    ``probes/`` (``probes.artifacts``)."""
     t0 = time.monotonic()
     for p in prefills:
         parse_prefill(p)
+    grid = probe_class(probe).grid
     for t in tasks:
         if t not in TASK_NAMES:
             raise ValueError(f"unknown task {t!r}; choose from {', '.join(TASK_NAMES)}")
+    for site in sites:
+        site_hooks(model, site)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mhash = model_hash(model)
@@ -104,135 +195,91 @@ def run_fit(
     chash = model_hash(control) if control is not None else None
     datasets = {t: load_or_generate(t, (data or {}).get(t)) for t in tasks}
 
-    # 1. features (cached on disk by model hash and dataset hash)
-    feats: dict[tuple[str, str, str], np.ndarray] = {}
+    # 1. features (cached on disk by model hash, dataset hash, prefill and site)
+    feats: dict[tuple[str, str, str, str], np.ndarray] = {}
     jobs = [
-        (t, p, v)
+        (t, p, site, v)
         for t in tasks
+        for site in sites
         for p in prefills
         for v in (["trained", "random_init"] if controls else ["trained"])
     ]
-    for i, (t, p, v) in enumerate(jobs):
+    skipped = []  # (site, prefill) pairs whose hook does not fire, e.g. fusion.* in pass 1
+    for i, (t, p, site, v) in enumerate(jobs):
         m, h = (model, mhash) if v == "trained" else (control, chash)
-        feats[(t, p, v)], _ = extract_cached(m, datasets[t], p, cache_dir, mhash=h)
+        if (site, p) in skipped:
+            continue
+        try:
+            feats[(t, p, site, v)], _ = extract_cached(
+                m, datasets[t], p, cache_dir, mhash=h, site=site
+            )
+        except SiteNotFired:
+            skipped.append((site, p))
         if progress is not None:
-            progress(i + 1, len(jobs), f"extract {t} {p} {v}")
+            progress(i + 1, len(jobs), f"extract {t} {p} {site} {v}")
+    for site in sites:
+        if all((site, p) in skipped for p in prefills):
+            raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
+    n_depths = {(t, site): next(f.shape[1] for k, f in feats.items() if k[0] == t and k[2] == site)
+                for t in tasks for site in sites}  # fmt: skip
 
-    # 2. probe cells
-    specs = []  # (row metadata, X, y, groups, C or None)
-    for t in tasks:
-        ds = datasets[t]
-        counts, groups = ds.n_distractors, ds.group
-        pooled = counts >= 1
-        for target, y in targets_of(ds).items():
-            for p in prefills:
-                F = feats[(t, p, "trained")]
-                for d in range(F.shape[1]):
-                    base = {
-                        "task": t,
-                        "target": target,
-                        "prefill": p,
-                        "depth": d,
-                        "overwrites": "all",
-                    }
-                    specs.append(
-                        (
-                            {**base, "model": "trained", "distractors": POOLED},
-                            F[pooled, d],
-                            y[pooled],
-                            groups[pooled],
-                            None,
-                        )
-                    )
-                    if controls:
-                        Fr = feats[(t, p, "random_init")]
-                        specs.append(
-                            (
-                                {**base, "model": "random_init", "distractors": POOLED},
-                                Fr[pooled, d],
-                                y[pooled],
-                                groups[pooled],
-                                None,
-                            )
-                        )
-                        yp = permute_by_group(y[pooled], groups[pooled], seed + 1)
-                        specs.append(
-                            (
-                                {**base, "model": "permuted", "distractors": POOLED},
-                                F[pooled, d],
-                                yp,
-                                groups[pooled],
-                                1.0,
-                            )
-                        )
-    rows = _run_cells(specs, seed, folds, n_jobs, progress, "probe (pooled)")
+    # 2. the plan of cells, then its execution
+    def execute(cells, label):
+        specs = [(c, *cell_data(c, datasets[c.task], feats[c.features], seed)) for c in cells]
+        return _run_cells(specs, seed, folds, n_jobs, progress, label, probe)
 
-    # per count and per overwrites: C fixed to the pooled cell's choice (no second nesting)
-    chosen = {
-        (r["task"], r["target"], r["prefill"], r["depth"]): r["C"]
-        for r in rows
-        if r["model"] == "trained"
-    }
-    specs = []
+    plan = [c for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
+            if (c.site, c.prefill) not in skipped]  # fmt: skip
+    rows = execute(plan, "probe (pooled)")
     if per_count:
-        for t in tasks:
-            ds = datasets[t]
-            counts, groups = ds.n_distractors, ds.group
-            ow = np.array([list(o) for o in ds.overwrites]) if t == "multi_register" else None
-            for ti, (target, y) in enumerate(targets_of(ds).items()):
-                for p in prefills:
-                    F = feats[(t, p, "trained")]
-                    for d in range(F.shape[1]):
-                        C = chosen[(t, target, p, d)]
-                        C = CS[-1] if C != C else C
-                        base = {
-                            "task": t,
-                            "target": target,
-                            "prefill": p,
-                            "depth": d,
-                            "model": "trained",
-                        }
-                        for n in sorted(set(counts.tolist())):
-                            m = counts == n
-                            if len(np.unique(groups[m])) >= folds:
-                                specs.append(
-                                    (
-                                        {**base, "distractors": str(n), "overwrites": "all"},
-                                        F[m, d],
-                                        y[m],
-                                        groups[m],
-                                        C,
-                                    )
-                                )
-                        if ow is not None:
-                            for k in sorted(set(ow[:, ti].tolist())):
-                                m = (counts >= 1) & (ow[:, ti] == k)
-                                if len(np.unique(groups[m])) >= folds:
-                                    specs.append(
-                                        (
-                                            {**base, "distractors": POOLED, "overwrites": str(k)},
-                                            F[m, d],
-                                            y[m],
-                                            groups[m],
-                                            C,
-                                        )
-                                    )
-    rows += _run_cells(specs, seed, folds, n_jobs, progress, "probe (per count)")
-
+        rows += execute(subset_plan(rows, datasets, folds, grid), "probe (per count)")
     df = pd.DataFrame(rows)[COLUMNS]
-    write_results(df, out, {
+
+    meta = {
         "model": model_name, "model_hash": mhash, "random_init_hash": chash,
         "datasets": {t: {"content_hash": d.content_hash, "seed": d.meta["seed"], "n_groups": d.meta["n_groups"],
                          "distractors": d.meta["distractors"], "n_examples": len(d)} for t, d in datasets.items()},
-        "prefills": list(prefills), "folds": folds, "fold_seed": seed, "bootstrap_seed": seed,
-        "permutation_seed": seed + 1, "random_init_seed": seed, "C_grid": list(CS),
+        "prefills": list(prefills), "probe": probe, "sites": list(sites),
+        "skipped": [f"{s} under {p} prefill (does not fire)" for s, p in skipped], "folds": folds, "fold_seed": seed,
+        "bootstrap_seed": seed, "permutation_seed": seed + 1, "random_init_seed": seed, "C_grid": list(grid),
         "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
-        "model_config": model.cfg.to_dict(), "seconds": time.monotonic() - t0, "versions": versions(),
-    })  # fmt: skip
+        "model_config": model.cfg.to_dict(), "versions": versions(),
+    }  # fmt: skip
+    if save_probes:
+        from probes.artifacts import fit_and_save
+
+        trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
+                   and r["overwrites"] == "all"]  # fmt: skip
+        cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
+                      C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
+        data_of = [cell_data(c, datasets[c.task], feats[c.features], seed)[:2] for c in cells]
+        fit_and_save(out / "probes", cells, data_of, probe, meta, n_jobs)
+    meta["seconds"] = time.monotonic() - t0
+    write_results(df, out, meta)
     return df
 
 
-def _run_cells(specs, seed, folds, n_jobs, progress, label):
+def _cell(X, y, groups, seed, folds, C=None, probe="logistic"):
+    """One probe cell: nested CV (C None) or fixed C; returns the row's numbers."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    # Probes on features that carry no signal (random init, permuted labels) often stop at
+    # max_iter; the warning would drown the output and says nothing about the result.
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    splits = grouped_splits(y, groups, folds, seed)
+    res = cross_validate(X, y, splits, groups=groups, C=C, probe=probe)
+    lo, hi = bootstrap_ci(res.correct, groups, seed)
+    cs = [c for c in res.Cs if c == c]
+    return {
+        "accuracy": res.accuracy, "ci_low": lo, "ci_high": hi, "chance": res.chance,
+        "majority": res.majority, "n_examples": int(len(y)), "n_groups": int(len(np.unique(groups))),
+        "C": float(np.median(cs)) if cs else float("nan"),
+    }  # fmt: skip
+
+
+def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
     if not specs:
         return []
     out = []
@@ -240,9 +287,12 @@ def _run_cells(specs, seed, folds, n_jobs, progress, label):
     for s in range(0, len(specs), chunk):
         part = specs[s : s + chunk]
         res = Parallel(n_jobs=n_jobs)(
-            delayed(_cell)(X, y, g, seed, folds, C) for _, X, y, g, C in part
+            delayed(_cell)(X, y, g, seed, folds, c.C, probe) for c, X, y, g in part
         )
-        out += [{**meta, **r} for (meta, *_), r in zip(part, res, strict=True)]
+        for (c, *_), r in zip(part, res, strict=True):
+            row = asdict(c)
+            row.pop("C")
+            out.append({**row, **r, "probe": probe})
         if progress is not None:
             progress(min(len(specs), s + chunk), len(specs), label)
     return out

@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fbt_probe.hooks import at  # noqa: E402
 from fbt_probe.registry import resolve_model  # noqa: E402
-from fbt_probe.stability import _feedback_step  # noqa: E402
 from tasks import done_tracking, vocab  # noqa: E402
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -40,30 +40,31 @@ def swap_test(model, n: int, seed: int) -> dict[str, float]:
     exs = [exs[i] for i in rng.choice(len(exs), size=min(n, len(exs)), replace=False)]
     y = np.array([ex.answer[0] == vocab.DONE for ex in exs], dtype=int)
     done, more = vocab.TOKEN_TO_ID[vocab.DONE], vocab.TOKEN_TO_ID[vocab.MORE]
-    runs = []
+    prompts = [torch.tensor([vocab.encode(ex.prompt)]) for ex in exs]
     with torch.no_grad():
-        for ex in exs:
-            x = torch.tensor([vocab.encode(ex.prompt)])
-            runs.append((x, model(x, passes=1).passes[0].states))
-        pre = [h[0, -2].clone() for _, h in runs]  # pass-1 top state before the colon
+        # pass 1's top state before the colon: what the colon's fused input is made from
+        pre = [model(x, passes=1).states[0, -2].clone() for x in prompts]
 
-        def pass2(x, h) -> int:
-            plain = model.plain_mask(1, x.shape[1], None, x.device)
-            logits = _feedback_step(model, h, model.embed(x), plain).logits[0, -1]
+        def pass2(x, state=None) -> int:
+            """Pass 2's answer at the colon; with ``state``, the fed-back state there (the
+            colon's ``fusion.hook_state`` in pass 2) is replaced by it."""
+            hooks = []
+            if state is not None:
+                swap = at(
+                    lambda t, hook: state.expand_as(t), passes=[1], positions=[x.shape[1] - 1]
+                )
+                hooks = [("fusion.hook_state", swap)]
+            logits = model.run_with_hooks(x, passes=2, fwd_hooks=hooks).logits[0, -1]
             return int(logits[done] > logits[more])
 
         out = {"pass2": [], "follow": [], "keep": [], "zeroed": []}
-        for i, (x, h) in enumerate(runs):
-            out["pass2"].append(pass2(x, h) == y[i])
+        for i, x in enumerate(prompts):
+            out["pass2"].append(pass2(x) == y[i])
             for key, pool in (("follow", y != y[i]), ("keep", y == y[i])):
                 pool = np.flatnonzero(pool)
                 j = int(rng.choice(pool[pool != i]))
-                hh = h.clone()
-                hh[0, -2] = pre[j]
-                out[key].append(pass2(x, hh) == y[j])
-            hh = h.clone()
-            hh[0, -2] = 0
-            out["zeroed"].append(pass2(x, hh) == y[i])
+                out[key].append(pass2(x, pre[j]) == y[j])
+            out["zeroed"].append(pass2(x, torch.zeros_like(pre[i])) == y[i])
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 

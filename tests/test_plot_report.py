@@ -41,7 +41,7 @@ def results(tmp_path):
                     rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
                                  "distractors": "1-256", "overwrites": str(k), "accuracy": acc, "ci_low": acc,
                                  "ci_high": acc, "chance": 0.25, "majority": 0.3, "n_examples": 30, "n_groups": 10, "C": 1.0})  # fmt: skip
-    df = pd.DataFrame(rows)[COLUMNS]
+    df = pd.DataFrame(rows).assign(probe="logistic", site="resid")[COLUMNS]
     res = tmp_path / "res"
     res.mkdir()
     df.to_csv(res / "probe_results.csv", index=False)

@@ -193,3 +193,116 @@ def test_fit_bad_input(tiny_setup, tmp_path, args, msg):
     r = CliRunner().invoke(app, base + args)
     assert r.exit_code != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r" / "probe_results.csv").exists()
+
+
+# ---- probe types, sites and saved probes ---------------------------------------------------
+def test_logistic_probe_is_the_sklearn_pipeline_and_a_registered_probe_plugs_in():
+    from probes.probe import PROBES, LogisticProbe, register_probe
+
+    X, y, g = toy()
+    ref = make_probe(0.1).fit(X, y)
+    ours = LogisticProbe(0.1).fit(X, y)
+    assert np.array_equal(ours.predict(X), ref.predict(X))
+    # the direction, in raw feature space, is where the signal is (feature 0)
+    assert np.argmax(np.abs(ours.direction()[0])) == 0
+
+    @register_probe
+    class Centroid:  # nearest class mean: a probe written in the test, used by name
+        name, grid = "centroid-test", (0.0,)
+
+        def __init__(self, reg=0.0):
+            pass
+
+        def fit(self, X, y):
+            self.classes = np.unique(y)
+            self.means = np.stack([X[y == c].mean(0) for c in self.classes])
+            return self
+
+        def predict(self, X):
+            d = ((X[:, None, :] - self.means[None]) ** 2).sum(-1)
+            return self.classes[d.argmin(1)]
+
+    try:
+        res = cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g, probe="centroid-test")
+        assert res.accuracy > 0.8 and res.Cs == [0.0] * 5
+    finally:
+        PROBES.pop("centroid-test")
+    with pytest.raises(ValueError, match="unknown probe 'nope'"):
+        cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g, probe="nope")
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setup, tmp_path):
+    from probes.artifacts import find, load_probes
+
+    root, model = tiny_setup
+    out = tmp_path / "res"
+    args = ["fit", "--model", str(root / "m"), "--data", str(root / "delayed_memory.parquet")]
+    r = CliRunner().invoke(app, [*args, "--out", str(out), "--probe", "mlp", "-p", "recurrent"])
+    assert r.exit_code == 0, r.output
+    df = load_results(out)
+    assert set(df.probe) == {"mlp"} and set(df.site) == {"resid"}
+    assert set(df.depth) == {0, 1, 2} and set(df.model) == {"trained", "random_init", "permuted"}
+    saved = load_probes(out)
+    assert len(saved) == 3 and {p.meta["probe"] for p in saved} == {"mlp"}
+    meta = json.loads((out / "probe_results.json").read_text())
+    ds = load(root / "delayed_memory.parquet")
+    feats = extract_features(model, ds, "recurrent")
+    keep = ds.n_distractors >= 1
+    y = np.array([lab[0] for lab in ds.labels])[keep]
+    for p in saved:
+        assert (
+            p.meta["model_hash"] == meta["model_hash"] and p.meta["dataset_hash"] == ds.content_hash
+        )
+        X = feats[keep, p.meta["depth"]]
+        # refit in memory exactly as the fit did: the saved one predicts the same labels
+        from probes.probe import MLPProbe
+
+        again = MLPProbe(p.meta["reg"]).fit(X, y)
+        assert np.array_equal(p.predict(X), again.predict(X))
+        assert p.direction() is None
+    # the logistic default: saved with its direction
+    r = CliRunner().invoke(
+        app, [*args, "--out", str(tmp_path / "lin"), "-p", "recurrent", "--no-controls"]
+    )
+    assert r.exit_code == 0, r.output
+    p0 = find(load_probes(tmp_path / "lin"), depth=0, prefill="recurrent")
+    from probes.probe import LogisticProbe
+
+    ref = LogisticProbe(p0.meta["reg"]).fit(feats[keep, 0], y)
+    assert np.array_equal(p0.predict(feats[keep, 0]), ref.predict(feats[keep, 0]))
+    np.testing.assert_allclose(p0.direction(), ref.direction(), rtol=1e-12)
+
+
+def test_fit_at_a_hook_site_and_before_the_colon(tiny_setup, tmp_path):
+    root, model = tiny_setup
+    args = [
+        "fit",
+        "--model",
+        str(root / "m"),
+        "--data",
+        str(root / "delayed_memory.parquet"),
+        "--no-controls",
+    ]
+    r = CliRunner().invoke(
+        app, [*args, "--out", str(tmp_path / "a"), "--site", "fusion.hook_state"]
+    )
+    assert r.exit_code == 0, r.output
+    df = load_results(tmp_path / "a")
+    # the fed-back state does not exist in pass 1: standard prefill is left out, and said so
+    assert set(df.site) == {"fusion.hook_state"} and set(df.prefill) == {"recurrent", "full"}
+    meta = json.loads((tmp_path / "a" / "probe_results.json").read_text())
+    assert meta["skipped"] == ["fusion.hook_state under standard prefill (does not fire)"]
+    # the state fed back at the colon is pass 1's top state one position earlier
+    ds = load(root / "delayed_memory.parquet")
+    state = extract_features(model, ds, "recurrent", site="fusion.hook_state")
+    top_before = extract_features(model, ds, "standard", site="ln_final.hook_normalized@colon-1")
+    np.testing.assert_allclose(state, top_before, atol=1e-6)
+    for bad, msg in (
+        (["--site", "blocks.9.hook_resid_pre"], "unknown site"),
+        (["--site", "resid@colon+1"], "invalid position"),
+        (["--site", "fusion.hook_state", "-p", "standard"], "fires under none"),
+        (["--probe", "svm"], "unknown probe"),
+    ):
+        r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), *bad])
+        assert r.exit_code == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
