@@ -69,7 +69,11 @@ DEVICE_HELP = "Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
 @user_errors
 def generate(
     task: str = typer.Option(
-        ..., "--task", "-t", help="done_tracking, delayed_memory or multi_register."
+        ...,
+        "--task",
+        "-t",
+        help="A registered task: delayed_memory, done_tracking, multi_register, or one of your "
+        "own (tasks.register_task, docs/design.md).",
     ),
     n_groups: int = typer.Option(
         128, "--n-groups", help="Base instances; each is rendered at every distractor count."
@@ -239,9 +243,9 @@ def eval_(
     from fbt_probe.evaluate import evaluate
     from fbt_probe.progress import lazy_progress
     from fbt_probe.registry import resolve_model
-    from tasks import TASK_NAMES, get_task
+    from tasks import get_task, task_names
 
-    task_list = TASK_NAMES if tasks_ == "all" else tuple(t.strip() for t in tasks_.split(","))
+    task_list = task_names() if tasks_ == "all" else tuple(t.strip() for t in tasks_.split(","))
     for t in task_list:
         get_task(t)
     if n_groups < 5:
@@ -316,7 +320,7 @@ def fit(
     from fbt_probe.registry import resolve_model
     from probes.results import format_layer0, layer0_table
     from probes.run import run_fit
-    from tasks import TASK_NAMES, get_task
+    from tasks import get_task, task_names
     from tasks.dataset import load
 
     prefills = (
@@ -335,7 +339,7 @@ def fit(
             raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
         task_list, data_map = (ds_task,), {ds_task: data}
     else:
-        task_list = TASK_NAMES if task == "all" else (task,)
+        task_list = task_names() if task == "all" else (task,)
     for t in task_list:
         get_task(t)
     if folds < 2:
@@ -472,14 +476,14 @@ def stability(
     from fbt_probe.registry import resolve_model
     from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
     from probes.stability_plot import plot_soft, plot_stability
-    from tasks import TASK_NAMES, get_task, vocab
+    from tasks import get_task, task_names, vocab
     from tasks.dataset import atomic_write
 
     if not 1 <= passes <= 1000:
         raise ValueError("--passes must be in 1..1000")
     if not 0 <= decode_tokens <= 4000:
         raise ValueError("--decode-tokens must be in 0..4000")
-    task_list = TASK_NAMES if task == "all" else (task,)
+    task_list = task_names() if task == "all" else (task,)
     for t in task_list:
         get_task(t)
     models = [(spec, *resolve_model(spec)) for spec in model]

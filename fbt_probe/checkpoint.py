@@ -50,6 +50,8 @@ def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = No
     meta = {
         "fbt_probe_version": __version__,
         "vocab_version": vocab.VOCAB_VERSION,
+        # the words the model's token ids stand for (tasks registered later only append)
+        "vocab": list(vocab.TOKENS[: model.cfg.d_vocab]),
         "weights_sha256": file_sha256(folder / WEIGHTS),
         "model_hash": model_hash(model),
         **(extra_meta or {}),
@@ -79,6 +81,8 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> FBTMod
     meta_path = folder / META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
+        if isinstance(meta.get("vocab"), list):
+            vocab.check_prefix(meta["vocab"], str(folder))
         want = meta.get("weights_sha256")
         if want and file_sha256(folder / WEIGHTS) != want:
             raise ValueError(f"{folder / WEIGHTS} is corrupted: its hash differs from meta.json")

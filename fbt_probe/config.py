@@ -26,7 +26,7 @@ class FBTConfig:
     n_layers: int = 4
     n_heads: int = 4
     d_mlp: int = 512
-    d_vocab: int = vocab.VOCAB_SIZE
+    d_vocab: int = vocab.BASE_SIZE  # a task with tokens of its own needs vocab.VOCAB_SIZE
     n_ctx: int = 2048  # rotary: no learned positions, this only bounds the rotary table and caches
     positional: str = "rotary"  # rotary: position never enters the residual stream
     rope_base: float = 10000.0
@@ -63,8 +63,8 @@ class FBTConfig:
         need(0.0 <= self.jitter < 1.0, f"jitter must be in [0, 1), got {self.jitter}")
         need(self.norm_eps > 0 and self.init_std > 0, "norm_eps and init_std must be positive")
         need(
-            self.d_vocab >= vocab.VOCAB_SIZE,
-            f"d_vocab must be at least the task vocabulary ({vocab.VOCAB_SIZE})",
+            self.d_vocab >= vocab.BASE_SIZE,
+            f"d_vocab must be at least the built-in vocabulary ({vocab.BASE_SIZE})",
         )
 
     @property

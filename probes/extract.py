@@ -7,8 +7,9 @@ Jacobi) and ``full`` (the exact sequential recurrence). Results are cached on di
 the model hash and the dataset hash, so a second fit reuses them.
 
 A *site* says where features come from: ``resid`` (the depth ladder above, the default) or
-any hook name (``fusion.hook_state``, ``blocks.2.attn.hook_z``, ...), optionally at an offset
-from the colon: ``blocks.0.hook_resid_pre@colon-1`` is the position before the colon.
+any hook name (``fusion.hook_state``, ``blocks.2.attn.hook_z``, ...), read at the colon, at
+an offset from it (``blocks.0.hook_resid_pre@colon-1``: the position before the colon) or at
+a position the task declares (``resid@bit``: delayed_memory's stored bit).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from fbt_probe.checkpoint import model_hash
 from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence_with_cache
-from tasks import vocab
+from tasks import get_task, vocab
 from tasks.dataset import Dataset
 
 PREFILLS = ("standard", "recurrent", "full")
@@ -54,8 +55,9 @@ class SiteNotFired(ValueError):
     """The site's hook does not fire under this prefill (a fusion hook in pass 1)."""
 
 
-def parse_site(site: str) -> tuple[str, int]:
-    """``HOOK[@colon-K]`` -> (hook or "resid", offset from the colon, <= 0)."""
+def parse_site(site: str) -> tuple[str, int | str]:
+    """``HOOK[@colon-K | @NAME]`` -> (hook or "resid", offset from the colon (<= 0) or the
+    name of a position the task declares, e.g. delayed_memory's ``bit``)."""
     hook, _, where = site.partition("@")
     if not hook:
         raise ValueError(f"invalid site {site!r}: use resid or a hook name, e.g. fusion.hook_state")
@@ -63,10 +65,30 @@ def parse_site(site: str) -> tuple[str, int]:
         return hook, 0
     if where.startswith("colon-") and where[6:].isdigit():
         return hook, -int(where[6:])
+    if where.isidentifier() and not where.startswith("colon"):
+        return hook, where
     raise ValueError(
-        f"invalid position {where!r} in site {site!r}: use @colon or @colon-K (K positions "
-        "before the colon; the prompt ends at the colon)"
+        f"invalid position {where!r} in site {site!r}: use @colon, @colon-K (K positions "
+        "before the colon; the prompt ends at the colon) or a position the task declares"
     )
+
+
+def site_positions(ds: Dataset, site: str) -> np.ndarray:
+    """(n_examples,) the position each example is read at."""
+    where = parse_site(site)[1]
+    if isinstance(where, int):
+        pos = ds.colon_index + where
+    else:
+        declared = getattr(get_task(ds.task), "POSITIONS", {})
+        if where not in declared:
+            raise ValueError(
+                f"task {ds.task} declares no position {where!r}"
+                + (f"; it declares {', '.join(declared)}" if declared else "")
+            )
+        pos = np.array([declared[where](vocab.decode(ids).split()) for ids in ds.token_ids])
+    if (pos < 0).any() or (pos > ds.colon_index).any():
+        raise ValueError(f"site {site!r} lies outside some prompts")
+    return pos.astype(np.int64)
 
 
 def site_hooks(model: FBTModel, site: str) -> list[str]:
@@ -111,9 +133,7 @@ def extract_features(
     passes = parse_prefill(prefill)
     model.eval()
     hooks = site_hooks(model, site)
-    offset = parse_site(site)[1]
-    if (ds.colon_index + offset < 0).any():
-        raise ValueError(f"site {site!r} lies before the start of some prompts")
+    where = site_positions(ds, site)
     prompt_lens = ds.colon_index + 1
     out = None
     device = next(model.parameters()).device
@@ -124,7 +144,7 @@ def extract_features(
         for j, i in enumerate(idx):
             toks[j, : prompt_lens[i]] = torch.from_numpy(ds.token_ids[i][: prompt_lens[i]])
         toks = toks.to(device)
-        at = torch.as_tensor(ds.colon_index[idx] + offset, device=device)
+        at = torch.as_tensor(where[idx], device=device)
         if passes is None:
             _, cache = run_recurrence_with_cache(model, toks, names_filter=hooks, positions=at)
         else:

@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from probes.results import load_results, primary  # noqa: E402
+from tasks import stratum, task_names  # noqa: E402
 
 PREFILL_ORDER = ["standard", "recurrent", "full"]
 CMAP = "cividis"  # perceptually uniform and colour-blind safe
@@ -116,30 +117,33 @@ def plot_depth_by_count(
 def plot_overwrites(
     df: pd.DataFrame, out: Path, prefills=("recurrent", "full")
 ) -> dict[str, pd.DataFrame]:
-    """multi_register: depth x number of overwrites (mean over registers), recurrent and full."""
+    """Tasks with a stratum of their own (multi_register: overwrites of the register): depth
+    x stratum value (mean over targets), for recurrent and full prefill."""
     drawn = {}
-    sel = df[(df.model == "trained") & (df.task == "multi_register") & (df.overwrites != "all")]
-    ps = [p for p in prefills if p in set(sel.prefill)]
-    if sel.empty or not ps:
-        return drawn
-    fig, axes = plt.subplots(1, len(ps), figsize=(5.5 * len(ps), 3.4), squeeze=False)
-    for ax, p in zip(axes[0], ps, strict=True):
-        g = sel[sel.prefill == p].copy()
-        g["k"] = g.overwrites.astype(int)
-        mat = g.pivot_table(
-            index="depth", columns="k", values="accuracy", aggfunc="mean"
-        ).sort_index()
-        chance = float(g.chance.mean())
-        _heat(
-            ax,
-            mat,
-            chance,
-            f"multi_register, {p} prefill\n(mean over registers; chance {chance:.2f})",
-            "overwrites of the register",
-            "depth",
-        )
-        drawn[f"multi_register/{p}"] = mat
-    _save(fig, out, "heatmap_multi_register_overwrites")
+    strat = df[(df.model == "trained") & (df.overwrites != "all")]
+    for task, sel in strat.groupby("task", sort=False):
+        name = stratum(task) if task in task_names() else None
+        ps = [p for p in prefills if p in set(sel.prefill)]
+        if not ps:
+            continue
+        fig, axes = plt.subplots(1, len(ps), figsize=(5.5 * len(ps), 3.4), squeeze=False)
+        for ax, p in zip(axes[0], ps, strict=True):
+            g = sel[sel.prefill == p].copy()
+            g["k"] = g.overwrites.astype(int)
+            mat = g.pivot_table(
+                index="depth", columns="k", values="accuracy", aggfunc="mean"
+            ).sort_index()
+            chance = float(g.chance.mean())
+            _heat(
+                ax,
+                mat,
+                chance,
+                f"{task}, {p} prefill\n(mean over targets; chance {chance:.2f})",
+                name or "stratum",
+                "depth",
+            )
+            drawn[f"{task}/{p}"] = mat
+        _save(fig, out, f"heatmap_{task}_overwrites")
     return drawn
 
 

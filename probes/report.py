@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from probes.results import PAPER_LAYER0, load_results, primary
+from tasks import stratum, task_names
 
 
 def _fmt(x: float) -> str:
@@ -35,10 +36,11 @@ def paper_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def multi_register_table(df: pd.DataFrame) -> str:
-    """multi_register: recurrent vs full by depth (mean over registers) and by overwrites."""
-    g = df[(df.task == "multi_register") & (df.model == "trained") & (df.distractors == "1-256")]
-    if g.empty:
+def multi_target_table(df: pd.DataFrame, task: str) -> str:
+    """A task with several targets (multi_register: one per register): prefill by depth
+    (mean over targets) and, if it has a stratum of its own, by that stratum at depth 0."""
+    g = df[(df.task == task) & (df.model == "trained") & (df.distractors == "1-256")]
+    if g.empty or g.target.nunique() < 2:
         return ""
     by_depth = g[g.overwrites == "all"].pivot_table(
         index="depth", columns="prefill", values="accuracy", aggfunc="mean"
@@ -55,8 +57,9 @@ def multi_register_table(df: pd.DataFrame) -> str:
         t = ow[ow.depth == 0].pivot_table(
             index="k", columns="prefill", values="accuracy", aggfunc="mean"
         )
-        lines += ["", "At depth 0, by number of overwrites of the register (mean over registers):", "",
-                  "| overwrites | " + " | ".join(t.columns) + " |", "|---" * (1 + len(t.columns)) + "|"]  # fmt: skip
+        name = (stratum(task) if task in task_names() else None) or "stratum"
+        lines += ["", f"At depth 0, by {name} (mean over targets):", "",
+                  f"| {name} | " + " | ".join(t.columns) + " |", "|---" * (1 + len(t.columns)) + "|"]  # fmt: skip
         for k, row in t.iterrows():
             lines.append(f"| {k} | " + " | ".join(_fmt(v) for v in row.values) + " |")
     return "\n".join(lines)
@@ -95,16 +98,17 @@ def write_report(results: str | Path, figures: str | Path | None = None) -> Path
         "Decodable is not the same as used: only causal tests say whether the model relies on it.",
         "",
     ]
-    mr = multi_register_table(df)
-    if mr:
-        parts += [
-            "## multi_register: recurrent vs full prefill",
-            "",
-            "Accuracy by depth (mean over registers), pooled counts 1..256:",
-            "",
-            mr,
-            "",
-        ]
+    for task in dict.fromkeys(df.task):
+        mt = multi_target_table(df, task)
+        if mt:
+            parts += [
+                f"## {task}: recurrent vs full prefill",
+                "",
+                "Accuracy by depth (mean over targets), pooled counts 1..256:",
+                "",
+                mt,
+                "",
+            ]
     if figs.is_dir():
         parts += ["## Figures", ""]
         for png in sorted(figs.glob("*.png")):

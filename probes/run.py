@@ -34,7 +34,7 @@ from probes.extract import (
 )
 from probes.fit import N_FOLDS, bootstrap_ci, cross_validate, grouped_splits, permute_by_group
 from probes.probe import probe_class
-from tasks import TASK_NAMES, vocab
+from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
 
@@ -48,11 +48,15 @@ CONTROLS = ("random_init", "permuted")
 
 
 def targets_of(ds: Dataset) -> dict[str, np.ndarray]:
-    """Probe targets: ``label`` for the binary tasks, one per register for multi_register."""
+    """Probe targets as the task declares them (``tasks.target_names``), one per answer word:
+    ``label`` for delayed_memory and done_tracking, one per register for multi_register."""
     labels = np.array([list(lab) for lab in ds.labels])
-    if ds.task == "multi_register":
-        return {vocab.REGISTERS[r]: labels[:, r] for r in range(labels.shape[1])}
-    return {"label": labels[:, 0]}
+    names = target_names(ds.task, ds.meta.get("params"))
+    if len(names) != labels.shape[1]:
+        raise ValueError(
+            f"task {ds.task} declares {len(names)} targets, its data has {labels.shape[1]} labels"
+        )
+    return {n: labels[:, i] for i, n in enumerate(names)}
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class Cell:
 
 
 def _overwrites(ds: Dataset) -> np.ndarray | None:
-    return np.array([list(o) for o in ds.overwrites]) if ds.task == "multi_register" else None
+    """The task's own per-target stratum (multi_register: overwrites), if it declares one."""
+    return np.array([list(o) for o in ds.overwrites]) if stratum(ds.task) else None
 
 
 def pooled_plan(tasks, datasets, prefills, sites, n_depths, controls: bool) -> list[Cell]:
@@ -184,8 +189,7 @@ def run_fit(
         parse_prefill(p)
     grid = probe_class(probe).grid
     for t in tasks:
-        if t not in TASK_NAMES:
-            raise ValueError(f"unknown task {t!r}; choose from {', '.join(TASK_NAMES)}")
+        get_task(t)
     for site in sites:
         site_hooks(model, site)
     out = Path(out_dir)
@@ -245,7 +249,9 @@ def run_fit(
         "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
         "model_config": model.cfg.to_dict(), "versions": versions(),
     }  # fmt: skip
-    if save_probes:
+    savable = all(hasattr(probe_class(probe), a) for a in ("state", "config", "from_saved"))
+    meta["probes_saved"] = bool(save_probes and savable)
+    if save_probes and savable:
         from probes.artifacts import fit_and_save
 
         trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED

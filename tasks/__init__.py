@@ -1,20 +1,68 @@
-"""Synthetic state-tracking tasks: data only, no model imports."""
+"""Synthetic state-tracking tasks: data only, no model imports.
+
+A task is a module (or any object) with ``NAME``, a ``Params`` dataclass (with ``to_dict``),
+``draw_bases``, ``render``, ``generate`` and ``sample`` (see ``tasks/delayed_memory.py``,
+the smallest), registered with ``register_task``. It may also declare:
+
+- ``TOKENS``: words it needs beyond the shared vocabulary; they are appended to it, so
+  every existing token keeps its id and no checkpoint is invalidated;
+- ``targets(params)``: the names of its probe targets, one per answer word (default:
+  ``("label",)``); multi_register names one per register;
+- ``STRATUM``: the name of a per-target count that results are also split by (stored in
+  each example's ``overwrites``; multi_register: ``"overwrites"``), or None.
+
+Everything else (generate, fit, plot, report, the CLI's task lists) reads the registry:
+a new task is one module that registers itself.
+"""
 
 from __future__ import annotations
 
-from tasks import delayed_memory, done_tracking, multi_register
+from tasks import vocab
 
-TASKS = {
-    "delayed_memory": delayed_memory,
-    "done_tracking": done_tracking,
-    "multi_register": multi_register,
-}
-TASK_NAMES = tuple(TASKS)
+TASKS: dict[str, object] = {}
+
+
+def register_task(task):
+    """Add a task (module or object) to the registry under ``task.NAME``; its ``TOKENS``
+    join the vocabulary. Registering the same name twice replaces the entry."""
+    name = getattr(task, "NAME", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a task needs a NAME that is an identifier, got {name!r}")
+    for attr in ("Params", "draw_bases", "render", "generate", "sample"):
+        if not hasattr(task, attr):
+            raise ValueError(f"task {name!r} lacks {attr}")
+    vocab.extend(getattr(task, "TOKENS", ()))
+    TASKS[name] = task
+    return task
 
 
 def get_task(name: str):
-    """The generator module of a task; a clear error for unknown names."""
+    """The generator of a registered task; a clear error for unknown names."""
     try:
         return TASKS[name]
     except KeyError:
-        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}") from None
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}") from None
+
+
+def task_names() -> tuple[str, ...]:
+    """Every registered task, built-in ones first."""
+    return tuple(TASKS)
+
+
+def target_names(task: str, params: dict | None = None) -> tuple[str, ...]:
+    """The probe targets a task declares, one per answer word (its dataset's params)."""
+    mod = get_task(task)
+    fn = getattr(mod, "targets", None)
+    return tuple(fn(params or {})) if fn is not None else ("label",)
+
+
+def stratum(task: str) -> str | None:
+    """The name of the task's own per-target stratum, or None."""
+    return getattr(get_task(task), "STRATUM", None)
+
+
+from tasks import delayed_memory, done_tracking, multi_register  # noqa: E402
+
+for _t in (delayed_memory, done_tracking, multi_register):
+    register_task(_t)
+TASK_NAMES = task_names()  # the built-in tasks

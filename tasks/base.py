@@ -65,9 +65,19 @@ class Example:
         return " ".join(self.answer)
 
 
+def task_code(task: str) -> int:
+    """The seed-sequence code of a task: fixed for the built-in ones, from the name's hash
+    for tasks registered later (so a new task never shifts another task's draws)."""
+    if task in TASK_CODES:
+        return TASK_CODES[task]
+    import hashlib
+
+    return 1000 + int(hashlib.sha256(task.encode()).hexdigest()[:8], 16)
+
+
 def rng_for(seed: int, task: str, stream: int, *path: int) -> np.random.Generator:
     """A generator keyed by (seed, task, stream, *path): independent of call order."""
-    return np.random.default_rng(np.random.SeedSequence([seed, TASK_CODES[task], stream, *path]))
+    return np.random.default_rng(np.random.SeedSequence([seed, task_code(task), stream, *path]))
 
 
 def distractor_words(rng: np.random.Generator, n: int) -> list[str]:

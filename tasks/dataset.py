@@ -121,6 +121,10 @@ def to_table(examples: list[Example], meta: dict) -> pa.Table:
     return table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
 
 
+def _last_id(examples) -> int:
+    return max((max(vocab.encode(ex.tokens)) for ex in examples), default=0)
+
+
 def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, examples) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -130,7 +134,9 @@ def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, e
         "n_groups": int(n_groups),
         "seed": int(seed),
         "vocab_version": vocab.VOCAB_VERSION,
-        "vocab": list(vocab.TOKENS),
+        # the vocabulary up to the last token the dataset uses: the built-in one, plus the
+        # task's own tokens if it brings any (another task's later tokens never matter)
+        "vocab": list(vocab.TOKENS[: max(vocab.BASE_SIZE, _last_id(examples) + 1)]),
         "n_examples": len(examples),
         "content_hash": content_hash(examples),
     }
@@ -176,11 +182,12 @@ def load(path: str | Path) -> Dataset:
     if raw is None or not set(SCHEMA.names) <= set(table.schema.names):
         raise ValueError(f"{path} is not an fbt-probe dataset (missing metadata or columns)")
     meta = json.loads(raw)
-    if meta.get("vocab_version") != vocab.VOCAB_VERSION or meta.get("vocab") != list(vocab.TOKENS):
+    if meta.get("vocab_version") != vocab.VOCAB_VERSION or not isinstance(meta.get("vocab"), list):
         raise ValueError(
             f"{path} uses vocabulary v{meta.get('vocab_version')}, this fbt-probe has "
             f"v{vocab.VOCAB_VERSION}; regenerate it"
         )
+    vocab.check_prefix(meta["vocab"], str(path))
     d = table.to_pydict()
     return Dataset(
         meta=meta,

@@ -19,6 +19,8 @@ from tasks.base import (
 
 NAME = "delayed_memory"
 LABELS = (vocab.ZERO, vocab.ONE)
+# positions a probe site may name (``fit --site resid@bit``): words -> index
+POSITIONS = {"bit": lambda words: 2}  # <bos> SET b ...
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ from tasks.base import (
 
 NAME = "done_tracking"
 LABELS = (vocab.MORE, vocab.DONE)
+# positions a probe site may name (``fit --site resid@need``): words -> index; last_step is
+# the last STEP event (or the count itself when there is none)
+POSITIONS = {
+    "need": lambda words: 2,  # <bos> NEED Nk ...
+    "last_step": lambda words: max([2] + [i for i, w in enumerate(words) if w == vocab.STEP]),
+}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,14 @@ class Params:
 Base = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]  # (writes (reg, val), overwrites)
 
 
+STRATUM = "overwrites"  # results are also split by how often a register was overwritten
+
+
+def targets(params: dict) -> tuple[str, ...]:
+    """One probe target per register: RA, RB, ..."""
+    return vocab.REGISTERS[: Params(**params).n_registers]
+
+
 def draw_base(rng: np.random.Generator, params: Params) -> Base:
     overwrites = rng.integers(0, params.max_overwrites + 1, size=params.n_registers)
     owner = np.repeat(np.arange(params.n_registers), overwrites + 1)

@@ -51,14 +51,15 @@ class TrainingStream:
                 raise ValueError(f"task_params.{n}: {e}") from None
 
     def _params_at(self, overwrites: int | None) -> list:
-        """Each task's parameters under the overwrite cap (None = none)."""
+        """Each task's parameters under the overwrite cap (None = none); the cap applies to
+        every task with a ``max_overwrites`` parameter (multi_register)."""
         if overwrites is None:
             return self._params
         return [
             replace(p, max_overwrites=min(p.max_overwrites, overwrites))
-            if name == "multi_register"
+            if hasattr(p, "max_overwrites")
             else p
-            for name, p in zip(self.tasks, self._params, strict=True)
+            for p in self._params
         ]
 
     def batch(

@@ -1,7 +1,10 @@
 """The one word-level vocabulary shared by every task (see docs/tasks.md).
 
-Token ids are fixed by position in ``TOKENS``; ``VOCAB_VERSION`` changes whenever that
-list changes, and every dataset and checkpoint records it.
+Token ids are fixed by position in ``TOKENS``. The first ``BASE_SIZE`` tokens are the
+built-in tasks' vocabulary, version ``VOCAB_VERSION``; a task registered later may bring
+tokens of its own, which ``extend`` appends, so every existing id stays what it was and no
+checkpoint or dataset is invalidated. Datasets and model folders record the token list they
+were made with; it must be a prefix of the current one.
 """
 
 from __future__ import annotations
@@ -37,10 +40,33 @@ TOKENS: tuple[str, ...] = (
 )
 TOKEN_TO_ID: dict[str, int] = {t: i for i, t in enumerate(TOKENS)}
 VOCAB_SIZE = len(TOKENS)
+BASE_SIZE = VOCAB_SIZE  # the built-in vocabulary (v1); ids below it never change
 PAD_ID, BOS_ID, COLON_ID = TOKEN_TO_ID[PAD], TOKEN_TO_ID[BOS], TOKEN_TO_ID[COLON]
 DISTRACTOR_IDS = tuple(TOKEN_TO_ID[w] for w in DISTRACTORS)
 
 assert len(set(TOKENS)) == len(TOKENS), "duplicate token in the vocabulary"
+
+
+def extend(tokens) -> None:
+    """Append tokens that are not in the vocabulary yet (a registered task's own words)."""
+    global TOKENS, VOCAB_SIZE
+    new = [t for t in dict.fromkeys(tokens) if t not in TOKEN_TO_ID]
+    for t in new:
+        if not isinstance(t, str) or not t or " " in t:
+            raise ValueError(f"a token is a non-empty word without spaces, got {t!r}")
+    for t in new:
+        TOKEN_TO_ID[t] = len(TOKEN_TO_ID)
+    TOKENS = TOKENS + tuple(new)
+    VOCAB_SIZE = len(TOKENS)
+
+
+def check_prefix(recorded, what: str) -> None:
+    """A recorded token list (a dataset's, a model's) must be a prefix of the vocabulary."""
+    rec = list(recorded)
+    if rec != list(TOKENS[: len(rec)]):
+        extra = [t for t in rec if t not in TOKEN_TO_ID]
+        hint = f" (tokens {extra[:3]} unknown: register their task first)" if extra else ""
+        raise ValueError(f"{what} was made with another vocabulary{hint}")
 
 
 def encode(text: str | Sequence[str]) -> list[int]:
@@ -50,7 +76,8 @@ def encode(text: str | Sequence[str]) -> list[int]:
         return [TOKEN_TO_ID[w] for w in words]
     except KeyError as e:
         raise ValueError(
-            f"unknown token {e.args[0]!r} (not in vocabulary v{VOCAB_VERSION})"
+            f"unknown token {e.args[0]!r} (not in the vocabulary; a task's own tokens join it "
+            "when the task is registered)"
         ) from None
 
 

@@ -306,3 +306,33 @@ def test_fit_at_a_hook_site_and_before_the_colon(tiny_setup, tmp_path):
     ):
         r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), *bad])
         assert r.exit_code == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_task_declared_position(tiny_setup, tmp_path):
+    # delayed_memory declares 'bit', the position of the stored bit: depth 0 there under
+    # standard prefill is that token's embedding, so even an untrained model's probe is exact
+    from probes.extract import site_positions
+
+    root, model = tiny_setup
+    ds = load(root / "delayed_memory.parquet")
+    assert (site_positions(ds, "resid@bit") == 2).all()
+    args = ["fit", "--model", str(root / "m"), "--data", str(root / "delayed_memory.parquet")]
+    r = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--out",
+            str(tmp_path / "r"),
+            "--site",
+            "resid@bit",
+            "-p",
+            "standard",
+            "--no-controls",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    df = load_results(tmp_path / "r")
+    row = df[(df.depth == 0) & (df.distractors == "1-256")].iloc[0]
+    assert row.site == "resid@bit" and row.accuracy == 1.0
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s"), "--site", "resid@need"])
+    assert r.exit_code == 1 and "declares no position 'need'; it declares bit" in r.stderr
