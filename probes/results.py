@@ -69,7 +69,7 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
             "chance": r.chance, "majority": r.majority,
             "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
             "permuted": perm.accuracy.iloc[0] if len(perm) else float("nan"),
-            "paper": PAPER_LAYER0.get((task, prefill), ""),
+            "paper": PAPER_LAYER0.get((task, prefill), "") if site == "resid" else "",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
