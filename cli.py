@@ -124,12 +124,13 @@ def parse_overrides(items: list[str]) -> dict:
 @user_errors
 def train(
     config: str = typer.Option(
-        "default",
+        None,
         "--config",
         "-c",
         help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny) "
         "or a recipe file (.toml or .json) that lists only what it changes: 'base' names the "
-        "recipe it changes (default: 'default'). A run folder's train_config.json works too.",
+        "recipe it changes (default: 'default'). A run folder's train_config.json works too. "
+        "Default: 'default', or with --resume the run folder's own recipe.",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Run folder (default runs/<recipe name>)."),
     overrides: list[str] = typer.Option(
@@ -149,8 +150,8 @@ def train(
     resume: bool = typer.Option(
         False,
         "--resume",
-        help="Continue the run in --out from its last checkpoint (same recipe; for a run "
-        "folder of its own, --config DIR/train_config.json).",
+        help="Continue the run in --out from its last checkpoint, with the recipe it was "
+        "started with (unless --config says otherwise; it must be the same).",
     ),
     stop_after: int = typer.Option(
         None,
@@ -178,6 +179,11 @@ def train(
     from fbt_probe.train import train as run_train
 
     resolve_device(device)  # a bad --device fails before anything is written
+    if resume and out is None:
+        raise ValueError("--resume needs --out, the run folder to continue")
+    if config is None:
+        own = out / "train_config.json" if resume else None
+        config = str(own) if own is not None and own.is_file() else "default"
     cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
     if show:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))

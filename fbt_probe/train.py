@@ -340,6 +340,8 @@ def train(
         raise FileExistsError(
             f"{out} is not empty; pass --resume to continue it or choose another --out"
         )
+    if resume and not state_path.is_file():
+        raise FileNotFoundError(f"nothing to resume: {out} has no checkpoint (state.pt)")
     model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
@@ -358,7 +360,7 @@ def train(
         betas=(0.9, 0.95),
     )
     start, history = 0, []
-    if resume and state_path.exists():
+    if resume:
         saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
         if saved_cfg != cfg:
             raise ValueError(

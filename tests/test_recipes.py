@@ -302,11 +302,23 @@ def test_train_cli_with_a_recipe_file_and_dotted_set(tmp_path):
     assert saved == load_recipe(str(f)).with_overrides({"optim.lr": 1e-3})
     m = json.loads((out / "metrics.json").read_text())
     assert m["finished"] and m["max_minutes"] == 0.0
-    # the run folder's own config resumes it
+    # the run folder's own config resumes it, named or not
     r = CliRunner().invoke(
         app, ["train", "--config", str(out / "train_config.json"), "--out", str(out), "--resume"]
     )
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["train", "--out", str(out), "--resume"])
+    assert r.exit_code == 0 and "trained 4/4 steps" in r.stdout, r.output
+    # another recipe, or nothing to resume, is a one-line error that leaves nothing behind
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(out), "--resume"])
+    assert r.exit_code == 1 and "different config" in r.stderr
+    fresh = tmp_path / "fresh"
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(fresh), "--resume"])
+    assert (
+        r.exit_code == 1
+        and r.stderr.strip() == f"error: nothing to resume: {fresh} has no checkpoint (state.pt)"
+    )
+    assert not fresh.exists()
 
 
 def test_train_cli_tiny_out_and_show(tmp_path):
