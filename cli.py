@@ -42,19 +42,34 @@ def fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+DEBUG_ENV = "FBT_DEBUG"  # set to 1 to see the traceback of an unexpected error
+
+
 def user_errors(fn):
-    """Turn expected errors into one line on stderr and exit 1, with no traceback."""
+    """The CLI's one error boundary: expected errors become one line on stderr and exit 1;
+    so does anything unexpected (its type named), with the traceback only under FBT_DEBUG=1."""
     import functools
+    import os
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click_exceptions.ClickException):
+            raise
         except USER_ERRORS as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             if isinstance(e, OSError) and e.strerror and e.filename:
                 msg = f"{e.strerror}: {e.filename}"
             fail(str(msg).splitlines()[0] if str(msg) else type(e).__name__)
+        except Exception as e:
+            if os.environ.get(DEBUG_ENV) == "1":
+                raise
+            first = str(e).splitlines()[0] if str(e) else ""
+            fail(
+                f"unexpected {type(e).__name__}{': ' + first if first else ''} "
+                f"(a bug or an unusual input; {DEBUG_ENV}=1 shows the traceback)"
+            )
 
     return wrapper
 
