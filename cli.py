@@ -350,9 +350,10 @@ def fit(
         else tuple(p.strip() for p in prefill.split(","))
     )
     if passes is not None:
-        if passes < 1:
-            raise ValueError("--passes must be >= 1")
+        if not 1 <= passes <= 1000:
+            raise ValueError("--passes must be in 1..1000")
         prefills = prefills + (f"k{passes}",)
+    prefills = tuple(dict.fromkeys(prefills))  # a prefill named twice is fitted once
     data_map = None
     if data is not None:
         ds_task = load(data).task

@@ -1,7 +1,7 @@
-"""Model folders: ``model.safetensors`` + ``config.json`` + ``meta.json`` (hash, versions).
+"""Model folders: ``model.safetensors`` + ``config.json`` + ``meta.json`` (hashes, versions).
 
-A folder whose config is invalid, whose tensors do not match the config, or whose weights
-file does not match its recorded hash fails to load with a one-line reason.
+A folder whose config is invalid or edited, whose tensors do not match the config, or whose
+weights file does not match its recorded hash fails to load with a one-line reason.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = No
     tmp.replace(folder / WEIGHTS)
     (folder / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     meta = {
+        # the config is part of what is verified: an edited n_heads or positional loads
+        # silently otherwise (the weights' shapes do not show it)
+        "config_sha256": file_sha256(folder / CONFIG),
         "fbt_probe_version": __version__,
         "vocab_version": vocab.VOCAB_VERSION,
         # the words the model's token ids stand for (tasks registered later only append)
@@ -80,7 +83,18 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> FBTMod
         )
     meta_path = folder / META
     if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{meta_path} is not valid JSON ({e.msg})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_path} must hold a JSON object, not {type(meta).__name__}")
+        want_cfg = meta.get("config_sha256")
+        if want_cfg and file_sha256(folder / CONFIG) != want_cfg:
+            raise ValueError(
+                f"{folder / CONFIG} was changed after the model was saved (its hash differs "
+                "from meta.json); restore it or retrain"
+            )
         if isinstance(meta.get("vocab"), list):
             vocab.check_prefix(meta["vocab"], str(folder))
         want = meta.get("weights_sha256")

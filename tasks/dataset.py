@@ -78,7 +78,9 @@ def content_hash(examples: list[Example]) -> str:
 def parse_distractors(spec: str) -> tuple[int, ...]:
     """'0,1,4' -> (0,1,4); '0-8' -> 0..8; mixed '0,4-6'; 'default' -> 0,1,2,4,...,256."""
     spec = spec.strip()
-    if spec in ("", "default"):
+    if not spec:
+        raise ValueError("--distractors is empty: give counts such as '0,1,4', '0-16' or 'default'")
+    if spec == "default":
         return DEFAULT_DISTRACTORS
     out: list[int] = []
     try:
