@@ -293,6 +293,11 @@ def test_save_load_roundtrip_and_errors(model, tmp_path):
     cfg = json.loads((tmp_path / "m2" / "config.json").read_text())
     cfg["d_mlp"] = 128
     (tmp_path / "m2" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="changed after the model was saved"):
+        load_model(tmp_path / "m2")  # the config's hash in meta.json catches any edit
+    meta = json.loads((tmp_path / "m2" / "meta.json").read_text())
+    del meta["config_sha256"]  # a folder written before configs were hashed
+    (tmp_path / "m2" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="d_mlp|shape"):
         load_model(tmp_path / "m2")
     cfg["bogus"] = 1
