@@ -369,6 +369,9 @@ def fit(
     from fbt_probe.train import resolve_device
     from probes.extract import RESID, site_hooks
     from probes.probe import probe_class
+    from tasks.dataset import check_output_dir
+
+    check_output_dir(out)  # before any work, not after it
 
     probe_class(probe)
     sites = tuple(site or (RESID,))
@@ -410,7 +413,9 @@ def plot(
 ) -> None:
     """Draw accuracy heatmaps and depth curves (PNG and PDF) from probe_results.csv."""
     from probes.plot import plot_all
+    from tasks.dataset import check_output_dir
 
+    check_output_dir(out or results / "figures")
     drawn = plot_all(results, out)
     n = sum(len(v) for v in drawn.values())
     typer.echo(f"drew {n} panels into {out or results / 'figures'}")
@@ -438,7 +443,9 @@ def reproduce(
     from probes.report import write_report
     from probes.results import format_layer0, layer0_table
     from probes.run import run_fit
+    from tasks.dataset import check_output_dir
 
+    check_output_dir(out)
     t0 = time.monotonic()
     if train_first:
         from fbt_probe.train import named_config
@@ -499,8 +506,9 @@ def stability(
     from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
     from probes.stability_plot import plot_soft, plot_stability
     from tasks import get_task, task_names, vocab
-    from tasks.dataset import atomic_write
+    from tasks.dataset import atomic_write, check_output_dir
 
+    check_output_dir(out)  # before any work, not after it
     if not 1 <= passes <= 1000:
         raise ValueError("--passes must be in 1..1000")
     if not 0 <= decode_tokens <= 4000:
@@ -559,9 +567,18 @@ def stability(
 
 
 def main() -> None:
-    """Console entry point: usage errors also become one line."""
+    """Console entry point: usage errors also become one line; SIGTERM cleans up as Ctrl-C
+    does (partial files are removed) and exits 130 with one line."""
+    import signal
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         rv = app(standalone_mode=False)
+        if rv == 130:  # typer returns Ctrl-C (and SIGTERM, above) as exit code 130
+            typer.echo("\nerror: aborted", err=True)
         if isinstance(rv, int) and rv != 0:
             sys.exit(rv)
     except click_exceptions.NoArgsIsHelpError as e:

@@ -336,6 +336,9 @@ def train(
     out = Path(out_dir)
     state_path = out / "state.pt"
     dev = resolve_device(device)  # before anything is written
+    from tasks.dataset import check_output_dir
+
+    check_output_dir(out)
     if out.exists() and any(out.iterdir()) and not resume:
         raise FileExistsError(
             f"{out} is not empty; pass --resume to continue it or choose another --out"

@@ -149,9 +149,55 @@ def write_atomic(table: pa.Table, out: Path) -> None:
     atomic_write(Path(out), lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
+def _kind(path: Path) -> str:
+    import stat
+
+    mode = path.lstat().st_mode
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "a regular file"
+
+
+def _writable_parent(path: Path) -> None:
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise PermissionError(f"cannot write to {path} ({probe} is not a writable folder)")
+
+
+def check_output_file(out: Path, force: bool = False) -> None:
+    """Before any work: ``out`` may be written. An existing regular file needs ``force``;
+    anything else (a directory, a FIFO, a device, a symlink) is never replaced, even with
+    ``force``: a symlink would be replaced by a file, not written through."""
+    out = Path(out)
+    if out.is_symlink() or out.exists():
+        kind = _kind(out)
+        if kind != "a regular file":
+            raise FileExistsError(f"{out} is {kind}; refusing to replace it (choose another --out)")
+        if not force:
+            raise FileExistsError(f"{out} exists; pass --force to overwrite")
+    _writable_parent(out.parent if str(out.parent) else Path("."))
+
+
+def check_output_dir(out: Path) -> None:
+    """Before any work: ``out`` is, or can be made, a writable folder."""
+    out = Path(out)
+    if out.is_symlink() and not out.is_dir():
+        raise FileExistsError(f"{out} is a symlink to something that is not a folder")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is {_kind(out)}, not a folder (choose another --out)")
+    _writable_parent(out)
+
+
 def atomic_write(out: Path, write) -> None:
     """Call ``write(tmp_path)`` then rename onto ``out``; on any error remove the temp file."""
     tmp = None
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)

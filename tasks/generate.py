@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tasks import get_task
 from tasks.base import DEFAULT_DISTRACTORS, STREAM_PROBE, check_counts, generate_groups
-from tasks.dataset import build_meta, to_table, write_atomic
+from tasks.dataset import build_meta, check_output_file, to_table, write_atomic
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
@@ -19,16 +18,7 @@ def default_path(task: str) -> Path:
 
 def check_writable(out: Path, force: bool) -> None:
     """Fail before any work if the output exists (without force) or cannot be written."""
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to overwrite")
-    if out.exists() and out.is_dir():
-        raise IsADirectoryError(f"{out} is a directory")
-    parent = out.parent if str(out.parent) else Path(".")
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise PermissionError(f"cannot write to {parent}")
+    check_output_file(out, force)
 
 
 def generate_dataset(

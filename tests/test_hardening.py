@@ -4,6 +4,9 @@ exit, no traceback, nothing new in the output folder."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -118,3 +121,71 @@ def test_a_prefill_named_twice_is_fitted_once(tmp_path, model_dir):
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "probe_results.json").read_text())
     assert meta["prefills"] == ["standard"]
+
+
+# ---- output paths: never replace what is not a regular file; check before the work -------
+@pytest.fixture
+def odd_paths(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = tmp_path / "target.parquet"
+    target.write_text("keep me")
+    link = tmp_path / "link.parquet"
+    link.symlink_to(target)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    plain = tmp_path / "plain.txt"
+    plain.write_text("a file")
+    return {"fifo": fifo, "link": link, "folder": folder, "plain": plain, "target": target}
+
+
+@pytest.mark.parametrize(
+    "which,kind", [("fifo", "a FIFO"), ("link", "a symlink"), ("folder", "a directory")]
+)
+def test_generate_force_never_replaces_what_is_not_a_regular_file(odd_paths, which, kind):
+    path = odd_paths[which]
+    r = CliRunner().invoke(
+        app,
+        ["generate", "--task", "delayed_memory", "--out", str(path), "--force", "--n-groups", "4"],
+    )
+    one_line_error(r, str(path), kind, "refusing to replace it")
+    assert odd_paths["target"].read_text() == "keep me"  # the symlink's target is untouched
+    assert os.path.islink(odd_paths["link"]) and stat.S_ISFIFO(os.lstat(odd_paths["fifo"]).st_mode)
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["fit", "--task", "delayed_memory"],
+        ["stability", "--passes", "2", "--decode-tokens", "0"],
+        ["plot", "--results", "{plain}"],
+        ["train", "-c", "tiny"],
+    ],
+)
+@pytest.mark.parametrize("which", ["plain", "fifo"])
+def test_an_out_folder_that_is_a_file_fails_before_the_work(odd_paths, cmd, which):
+    cmd = [c.format(plain=odd_paths["plain"]) for c in cmd]
+    before = files_under(odd_paths["folder"].parent)
+    r = CliRunner().invoke(app, [*cmd, "--out", str(odd_paths[which])])
+    one_line_error(r, str(odd_paths[which]), "not a folder")
+    assert files_under(odd_paths["folder"].parent) == before
+
+
+def test_sigterm_removes_the_partial_file(tmp_path):
+    # generate killed while it writes: no hidden temp file stays behind
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "big.parquet"
+    cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task", "multi_register",
+           "--n-groups", "6000", "--out", str(out)]  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not any(tmp_path.iterdir()) and p.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.005)  # until the temporary file appears
+    assert p.poll() is None, "the run ended before it started writing"
+    p.terminate()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
+    assert list(tmp_path.iterdir()) == []
