@@ -149,12 +149,13 @@ def verdict(rows: list[dict]) -> str:
     converging: the last state change is at most a tenth of pass 2's. diverging: it does not
     fall (at least half of pass 2's, or any non-finite value) while the local Lipschitz
     estimates along the trajectory exceed 1 (or, without estimates, it does not fall at all).
+    Fewer than four passes (three state changes) are always inconclusive.
     """
     d = [r["delta_mean"] for r in rows[1:]]
-    if not d:
-        return "inconclusive"
     if not all(math.isfinite(x) for x in d):
         return "diverging"
+    if len(d) < 3:  # under four passes there is no curve to judge
+        return "inconclusive"
     first, last = d[0], d[-1]
     if last <= max(1e-7, 0.1 * first):
         return "converging"

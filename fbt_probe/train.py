@@ -364,12 +364,21 @@ def train(
     )
     start, history = 0, []
     if resume:
-        saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+        try:
+            saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{out / 'train_config.json'} is not valid JSON ({e.msg})") from None
         if saved_cfg != cfg:
             raise ValueError(
                 f"{out} was trained with a different config; resume it with the same one"
             )
-        st = torch.load(state_path, weights_only=False, map_location=dev)
+        try:
+            st = torch.load(state_path, weights_only=False, map_location=dev)
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(
+                f"{state_path} cannot be read ({first}); it may be truncated"
+            ) from None
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]

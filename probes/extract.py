@@ -194,9 +194,12 @@ def extract_cached(
     path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill, site)}.npy"
     if path.is_file():
         try:
-            return np.load(path), True
+            feats = np.load(path)
+            if feats.ndim == 3 and feats.shape[0] == len(ds) and feats.dtype == np.float32:
+                return feats, True
         except (OSError, ValueError, EOFError):
-            path.unlink(missing_ok=True)  # a damaged cache entry is recomputed
+            pass
+        path.unlink(missing_ok=True)  # a damaged or foreign cache entry is recomputed
     feats = extract_features(model, ds, prefill, progress=progress, site=site)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")

@@ -21,7 +21,10 @@ def load_results(results: str | Path) -> pd.DataFrame:
         path = path / "probe_results.csv"
     if not path.is_file():
         raise FileNotFoundError(f"no probe results at {path}; run 'fbt-probe fit' first")
-    df = pd.read_csv(path, dtype={"distractors": str, "overwrites": str})
+    try:
+        df = pd.read_csv(path, dtype={"distractors": str, "overwrites": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a probe results table ({type(e).__name__})") from None
     missing = {
         "task",
         "target",
@@ -34,6 +37,11 @@ def load_results(results: str | Path) -> pd.DataFrame:
     } - set(df.columns)
     if missing:
         raise ValueError(f"{path} lacks columns {sorted(missing)}")
+    if df.empty:
+        raise ValueError(f"{path} has a header but no rows")
+    for col in ("accuracy", "chance", "depth"):
+        if not pd.api.types.is_numeric_dtype(df[col]) or df[col].isna().any():
+            raise ValueError(f"{path}: column {col!r} holds values that are not numbers")
     if "overwrites" not in df.columns:
         df["overwrites"] = "all"
     for col, default in (("probe", "logistic"), ("site", "resid")):  # tables written before

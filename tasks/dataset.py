@@ -236,7 +236,15 @@ def load(path: str | Path) -> Dataset:
             f"v{vocab.VOCAB_VERSION}; regenerate it"
         )
     vocab.check_prefix(meta["vocab"], str(path))
+    if not isinstance(meta.get("task"), str) or not isinstance(meta.get("params", {}), dict):
+        raise ValueError(f"{path}: its metadata has no task name or malformed params")
+    if table.num_rows == 0:
+        raise ValueError(f"{path} holds no examples")
     d = table.to_pydict()
+    bad = [i for i, (ids, c) in enumerate(zip(d["token_ids"], d["colon_index"], strict=True))
+           if not 0 <= c < len(ids) or ids[c] != vocab.COLON_ID]  # fmt: skip
+    if bad:
+        raise ValueError(f"{path}: row {bad[0]} has no colon at its colon_index")
     return Dataset(
         meta=meta,
         token_ids=[np.asarray(x, dtype=np.int64) for x in d["token_ids"]],
