@@ -366,6 +366,8 @@ def fit(
         get_task(t)
     if folds < 2:
         raise ValueError("--folds must be at least 2")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
     from fbt_probe.train import resolve_device
     from probes.extract import RESID, site_hooks
     from probes.probe import probe_class

@@ -39,14 +39,23 @@ def model_hash(model: FBTModel) -> str:
     return h.hexdigest()[:16]
 
 
+def write_text(path: Path, text: str) -> None:
+    """A whole file or none: a full disk leaves no 0-byte config or meta file."""
+    from tasks.dataset import atomic_write
+
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
 def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = None) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = folder / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "fbt-probe"})
-    tmp.replace(folder / WEIGHTS)
-    (folder / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    from tasks.dataset import atomic_write
+
+    atomic_write(
+        folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "fbt-probe"})
+    )
+    write_text(folder / CONFIG, json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     meta = {
         # the config is part of what is verified: an edited n_heads or positional loads
         # silently otherwise (the weights' shapes do not show it)
@@ -59,7 +68,7 @@ def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = No
         "model_hash": model_hash(model),
         **(extra_meta or {}),
     }
-    (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_text(folder / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return folder
 
 

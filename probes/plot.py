@@ -30,13 +30,24 @@ def _prefills(df: pd.DataFrame) -> list[str]:
     ]
 
 
-def _save(fig, out: Path, stem: str) -> list[Path]:
+def save_figure(fig, out: Path, stem: str) -> list[Path]:
+    """``stem``.png and .pdf in ``out``, each written whole or not at all (a failed write
+    leaves no partial or temporary file)."""
+    from tasks.dataset import atomic_write
+
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
-    plt.close(fig)
+    try:
+        atomic_write(
+            paths[0], lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight")
+        )
+        atomic_write(paths[1], lambda tmp: fig.savefig(tmp, format="pdf", bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return paths
+
+
+_save = save_figure
 
 
 def _heat(ax, mat: pd.DataFrame, chance: float, title: str, xlabel: str, ylabel: str):

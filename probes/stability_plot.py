@@ -14,11 +14,7 @@ import seaborn as sns  # noqa: E402
 PALETTE = sns.color_palette("colorblind")
 
 
-def _save(fig, out: Path, stem: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / f"{stem}.png", dpi=130, bbox_inches="tight")
-    fig.savefig(out / f"{stem}.pdf", bbox_inches="tight")
-    plt.close(fig)
+from probes.plot import save_figure as _save  # noqa: E402
 
 
 def plot_stability(df: pd.DataFrame, out: Path, stem: str = "stability") -> None:

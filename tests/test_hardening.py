@@ -302,3 +302,39 @@ def test_stability_with_too_few_passes_is_inconclusive():
     assert verdict(rows) == "inconclusive"
     assert verdict(rows[:1]) == "inconclusive"
     assert verdict([*rows, {"delta_mean": float("inf")}]) == "diverging"
+
+
+def test_seeds_and_a_huge_dataset_are_refused_before_the_work(tmp_path, model_dir):
+    out = tmp_path / "d.parquet"
+    r = CliRunner().invoke(
+        app, ["generate", "--task", "delayed_memory", "--seed", "-1", "--out", str(out)]
+    )
+    one_line_error(r, "--seed must be >= 0")
+    r = CliRunner().invoke(
+        app, ["generate", "--task", "multi_register", "--n-groups", "100000000", "--out", str(out)]
+    )
+    one_line_error(r, "--n-groups 100000000 would need about", "GiB")
+    r = CliRunner().invoke(
+        app, ["fit", "--model", str(model_dir), "--seed", "-2", "--out", str(tmp_path / "r")]
+    )
+    one_line_error(r, "--seed must be >= 0")
+    assert files_under(tmp_path) == [
+        Path("m"),
+        *sorted(Path("m") / p.name for p in model_dir.iterdir()),
+    ]
+
+
+def test_a_failed_figure_write_leaves_nothing(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from probes.plot import save_figure
+
+    fig = plt.figure()
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fig, "savefig", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_figure(fig, tmp_path / "figs", "x")
+    assert files_under(tmp_path / "figs") == []
