@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fbt_probe.checkpoint import save_model
+from fbt_probe.checkpoint import save_model, write_text
 from fbt_probe.model import FBTModel
 from fbt_probe.recipes import named_config  # noqa: F401  (re-exported: the recipes by name)
 from fbt_probe.recurrence import run_recurrence
@@ -30,6 +29,7 @@ from fbt_probe.schedule import Plan, plan_at
 from fbt_probe.train_config import TrainConfig
 from tasks import vocab
 from tasks.base import Example
+from tasks.dataset import atomic_write
 from tasks.sampler import TrainingStream
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
@@ -305,12 +305,8 @@ def diverged(loss_per_pass: float, recent: list[float]) -> bool:
 
 
 def _save_state(path: Path, model, opt, step: int, history: list) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "history": history},
-        tmp,
-    )
-    os.replace(tmp, path)
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "history": history}
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def train(
@@ -382,7 +378,7 @@ def train(
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]
-    (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_text(out / "train_config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     with open(out / "command.txt", "a") as f:
         f.write(shlex.join(argv if argv is not None else sys.argv) + "\n")
     stream = cfg.stream()
@@ -477,7 +473,7 @@ def train(
         "final_eval": quick_eval(model, cfg),
         "history": history,
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    write_text(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
     save_model(
         model,
         out / "model",
