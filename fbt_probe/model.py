@@ -294,8 +294,10 @@ class FBTModel(HookedRootModule):
         B, T, D = emb.shape
         first = carry if carry is not None else emb.new_zeros(B, 1, D)
         prev = first if states is None else torch.cat([first, states[:, : T - 1]], dim=1)
-        if plain is not None and bool(plain.all()):
-            return self.stack(emb, offset, cache)  # nothing to fuse
+        if T == 1 and plain is not None and bool(plain.all()):
+            # one position of the recurrence inside a plain prefix: nothing to fuse (checked
+            # for single positions only, so that a Jacobi pass never waits on the device)
+            return self.stack(emb, offset, cache)
         return self.stack(self.fuse(prev, emb, plain), offset, cache)
 
     @staticmethod
