@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+from fbt_probe.schedule import UNSET
+
 log = logging.getLogger(__name__)
 
 # The flat reader's defaults (the flat format's own TrainConfig()), except three mechanisms
@@ -187,7 +189,8 @@ def _segments_fixed_point(d):
     return ([(0.0, s, 0.0, 0.0, False)] if s > 0 else []) + [(s, 1.0, p, p, False)]
 
 
-INITIAL = {"frozen": [], "overwrites": None, "fixed_point": 0.0}  # schedule.UNSET, as data
+def _as_data(v):
+    return list(v) if isinstance(v, tuple) else v
 
 
 def phases_from_segments(segments: dict) -> list[dict]:
@@ -208,7 +211,7 @@ def phases_from_segments(segments: dict) -> list[dict]:
                 merged[-1] = (merged[-1][0], seg[1], *merged[-1][2:])
             else:
                 merged.append(seg)
-        value = INITIAL.get(q)  # where the quantity stands at the start of the segment
+        value = _as_data(UNSET.get(q))  # where the quantity stands before any phase
         for k, (a, b, v0, v1, ramp) in enumerate(merged):
             nxt_ramps = k + 1 < len(merged) and merged[k + 1][4]
             if ramp:

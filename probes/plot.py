@@ -47,9 +47,6 @@ def save_figure(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
-_save = save_figure
-
-
 def _heat(ax, mat: pd.DataFrame, chance: float, title: str, xlabel: str, ylabel: str):
     sns.heatmap(
         mat, ax=ax, vmin=chance, vmax=1.0, cmap=CMAP, annot=True, fmt=".2f",
@@ -90,7 +87,7 @@ def plot_prefill_by_depth(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame
                 "prefill",
             )
             drawn[f"{task}/{target}"] = mat
-        _save(fig, out, f"heatmap_{task}_prefill_by_depth")
+        save_figure(fig, out, f"heatmap_{task}_prefill_by_depth")
     return drawn
 
 
@@ -121,7 +118,7 @@ def plot_depth_by_count(
                 "depth",
             )
             drawn[f"{task}/{target}/{p}"] = mat
-        _save(fig, out, f"heatmap_{task}_depth_by_count")
+        save_figure(fig, out, f"heatmap_{task}_depth_by_count")
     return drawn
 
 
@@ -154,7 +151,7 @@ def plot_overwrites(
                 "depth",
             )
             drawn[f"{task}/{p}"] = mat
-        _save(fig, out, f"heatmap_{task}_overwrites")
+        save_figure(fig, out, f"heatmap_{task}_overwrites")
     return drawn
 
 
@@ -196,7 +193,7 @@ def plot_lines(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
         ax.set_ylim(max(0.0, chance - 0.15), 1.02)
         ax.set_xticks(sorted(g.depth.unique()))
         ax.legend(fontsize=7, loc="lower right")
-        _save(fig, out, f"lines_{task}")
+        save_figure(fig, out, f"lines_{task}")
     return drawn
 
 

@@ -100,7 +100,7 @@ def pooled_plan(tasks, datasets, prefills, sites, n_depths, controls: bool) -> l
     return [
         Cell(t, target, site, p, d, model=m, C=1.0 if m == "permuted" else None)
         for t in tasks
-        for target in targets_of(datasets[t])
+        for target in target_names(t, datasets[t].meta.get("params"))
         for site in sites
         for p in prefills
         for d in range(n_depths[(t, site)])
@@ -108,7 +108,7 @@ def pooled_plan(tasks, datasets, prefills, sites, n_depths, controls: bool) -> l
     ]
 
 
-def subset_plan(pooled_rows, datasets, folds: int, grid) -> list[Cell]:
+def subset_plan(pooled_rows, datasets, targets, folds: int, grid) -> list[Cell]:
     """Per distractor count, and for multi_register per number of overwrites, of each trained
     pooled cell, with C fixed to the pooled cell's choice (no second nesting). A subset with
     fewer groups than folds is left out."""
@@ -125,7 +125,7 @@ def subset_plan(pooled_rows, datasets, folds: int, grid) -> list[Cell]:
                 out.append(replace(base, distractors=str(n)))
         ow = _overwrites(ds)
         if ow is not None:
-            ti = list(targets_of(ds)).index(r["target"])
+            ti = list(targets[r["task"]]).index(r["target"])
             for k in sorted(set(ow[:, ti].tolist())):
                 m = (counts >= 1) & (ow[:, ti] == k)
                 if len(np.unique(groups[m])) >= folds:
@@ -133,16 +133,18 @@ def subset_plan(pooled_rows, datasets, folds: int, grid) -> list[Cell]:
     return out
 
 
-def cell_data(cell: Cell, ds: Dataset, feats: np.ndarray, seed: int):
-    """(X, y, groups) of a cell."""
+def cell_data(
+    cell: Cell, ds: Dataset, targets: dict[str, np.ndarray], feats: np.ndarray, seed: int
+):
+    """(X, y, groups) of a cell; ``targets`` is ``targets_of(ds)``."""
     counts, groups = ds.n_distractors, ds.group
-    y = targets_of(ds)[cell.target]
+    y = targets[cell.target]
     if cell.distractors == POOLED:
         m = counts >= 1
     else:
         m = counts == int(cell.distractors)
     if cell.overwrites != "all":
-        ti = list(targets_of(ds)).index(cell.target)
+        ti = list(targets).index(cell.target)
         m = m & (_overwrites(ds)[:, ti] == int(cell.overwrites))
     X, y, g = feats[m, cell.depth], y[m], groups[m]
     if cell.model == "permuted":
@@ -228,15 +230,20 @@ def run_fit(
                 for t in tasks for site in sites}  # fmt: skip
 
     # 2. the plan of cells, then its execution
+    targets = {t: targets_of(ds) for t, ds in datasets.items()}
+
+    def data_of(c: Cell):
+        return cell_data(c, datasets[c.task], targets[c.task], feats[c.features], seed)
+
     def execute(cells, label):
-        specs = [(c, *cell_data(c, datasets[c.task], feats[c.features], seed)) for c in cells]
+        specs = [(c, *data_of(c)) for c in cells]
         return _run_cells(specs, seed, folds, n_jobs, progress, label, probe)
 
     plan = [c for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
             if (c.site, c.prefill) not in skipped]  # fmt: skip
     rows = execute(plan, "probe (pooled)")
     if per_count:
-        rows += execute(subset_plan(rows, datasets, folds, grid), "probe (per count)")
+        rows += execute(subset_plan(rows, datasets, targets, folds, grid), "probe (per count)")
     df = pd.DataFrame(rows)[COLUMNS]
 
     meta = {
@@ -258,8 +265,8 @@ def run_fit(
                    and r["overwrites"] == "all"]  # fmt: skip
         cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
                       C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
-        data_of = [cell_data(c, datasets[c.task], feats[c.features], seed)[:2] for c in cells]
-        fit_and_save(out / "probes", cells, data_of, probe, meta, n_jobs)
+        data = [data_of(c)[:2] for c in cells]
+        fit_and_save(out / "probes", cells, data, probe, meta, n_jobs)
     meta["seconds"] = time.monotonic() - t0
     write_results(df, out, meta)
     return df

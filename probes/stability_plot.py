@@ -14,7 +14,7 @@ import seaborn as sns  # noqa: E402
 PALETTE = sns.color_palette("colorblind")
 
 
-from probes.plot import save_figure as _save  # noqa: E402
+from probes.plot import save_figure  # noqa: E402
 
 
 def plot_stability(df: pd.DataFrame, out: Path, stem: str = "stability") -> None:
@@ -33,7 +33,7 @@ def plot_stability(df: pd.DataFrame, out: Path, stem: str = "stability") -> None
     b.set_ylabel("validation next-token loss")
     b.set_title("loss by pass")
     b.legend(fontsize=7)
-    _save(fig, out, stem)
+    save_figure(fig, out, stem)
 
 
 def plot_soft(df: pd.DataFrame, out: Path) -> None:
@@ -48,4 +48,4 @@ def plot_soft(df: pd.DataFrame, out: Path) -> None:
     b.set_ylabel("||h(t) - h(t-1)||")
     b.set_title("SOFT decoding: state change per step")
     a.legend(fontsize=7)
-    _save(fig, out, "soft_decoding")
+    save_figure(fig, out, "soft_decoding")

@@ -16,11 +16,6 @@ def default_path(task: str) -> Path:
     return Path("data") / f"{task}.parquet"
 
 
-def check_writable(out: Path, force: bool) -> None:
-    """Fail before any work if the output exists (without force) or cannot be written."""
-    check_output_file(out, force)
-
-
 # bytes a rendered token costs at the peak of building a dataset (the word tuples, the text,
 # the ids and the parquet table): about 1 000 by tracemalloc on multi_register at 256 distractors
 BYTES_PER_TOKEN = 1000
@@ -67,7 +62,7 @@ def generate_dataset(
     check_memory(n_groups, distractors)
     p = mod.Params(**(params or {}))
     out = Path(out) if out is not None else default_path(task)
-    check_writable(out, force)
+    check_output_file(out, force)
     examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
     meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples)
     write_atomic(to_table(examples, meta), out)
