@@ -105,6 +105,12 @@ def generate(
         None, "--out", "-o", help="Output file (default data/<task>.parquet)."
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+    twins: bool = typer.Option(
+        False,
+        "--twins",
+        help="Add each row's counterfactual twin (the label flipped, every other word kept), "
+        "what fbt-probe intervene needs; the rows themselves stay the same.",
+    ),
 ) -> None:
     """Write a self-describing dataset (parquet) of one synthetic task."""
     from fbt_probe.progress import lazy_progress
@@ -115,8 +121,13 @@ def generate(
     get_task(task)
     counts = parse_distractors(distractors)
     with lazy_progress(f"generate {task}", n_groups) as bar:
-        path = generate_dataset(task, out, n_groups, counts, seed, force=force, progress=bar)
-    typer.echo(f"wrote {path} ({n_groups} groups x {len(counts)} distractor counts)")
+        path = generate_dataset(
+            task, out, n_groups, counts, seed, force=force, progress=bar, twins=twins
+        )
+    typer.echo(
+        f"wrote {path} ({n_groups} groups x {len(counts)} distractor counts"
+        + (", with twins)" if twins else ")")
+    )
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -405,6 +416,93 @@ def fit(
 
 @app.command()
 @user_errors
+def intervene(
+    task: str = typer.Option(
+        "all", "--task", "-t", help="A task name, a comma-separated list, or 'all'."
+    ),
+    prefill: str = typer.Option(
+        "recurrent",
+        "--prefill",
+        "-p",
+        help="standard, recurrent, full, k<N>, a comma-separated list, or 'all' (the three). "
+        "State interventions need a feedback prefill; standard runs the token and probe ones.",
+    ),
+    model: str = typer.Option("default", "--model", "-m", help="'default' or a model/run folder."),
+    data: Path = typer.Option(
+        None,
+        "--data",
+        help="A twin dataset (fbt-probe generate --twins); default data/<task>-twins.parquet, "
+        "generated if absent with the probe dataset's seed.",
+    ),
+    out: Path = typer.Option(
+        Path("results/interventions"),
+        "--out",
+        "-o",
+        help="Output folder: interventions.csv, interventions.json and figures/.",
+    ),
+    probes_dir: Path = typer.Option(
+        None,
+        "--probes",
+        help="A fit's results folder whose saved linear probes give the steering directions "
+        "(they must be fitted on this model). Default: a logistic probe fitted on each "
+        "grouped fold's other folds.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and random-direction seed."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Examples per batch."),
+    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
+) -> None:
+    """Is the decodable state used? Interchange, ablate, erase and steer it at the colon,
+    against each example's counterfactual twin; writes a CSV with bootstrap intervals and
+    figures."""
+    from fbt_probe.progress import lazy_progress
+    from fbt_probe.registry import resolve_model
+    from fbt_probe.train import resolve_device
+    from probes.extract import parse_prefill
+    from probes.intervene import headline, run_intervene
+    from probes.intervene_plot import plot_interventions
+    from tasks import get_task, task_names
+    from tasks.dataset import check_output_dir, load
+
+    prefills = (
+        ("standard", "recurrent", "full")
+        if prefill == "all"
+        else tuple(dict.fromkeys(p.strip() for p in prefill.split(",")))
+    )
+    for p in prefills:
+        passes = parse_prefill(p)
+        if passes is not None and passes > 1000:
+            raise ValueError("--prefill k<N>: N must be in 1..1000")
+    data_map = None
+    if data is not None:
+        ds_task = load(data).task
+        if task not in ("all", ds_task):
+            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
+        task_list, data_map = (ds_task,), {ds_task: data}
+    else:
+        task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    for t in task_list:
+        if not hasattr(get_task(t), "twin"):
+            raise ValueError(f"task {t} defines no twins, so it cannot be intervened on")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    check_output_dir(out)  # before any work, not after it
+    m, name = resolve_model(model, resolve_device(device))
+    with lazy_progress("intervene", 1, delay=0.0) as bar:
+        df = run_intervene(m, name, [(t, p) for t in task_list for p in prefills], out, data=data_map,
+                           probes_dir=probes_dir, seed=seed, batch_size=batch_size, progress=bar)  # fmt: skip
+    plot_interventions(df, out / "figures")
+    typer.echo(
+        f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
+    )
+    for t in task_list:
+        for p in prefills:
+            line = headline(df, t, p)
+            if line:
+                typer.echo(line)
+
+
+@app.command()
+@user_errors
 def plot(
     results: Path = typer.Option(
         Path("results"), "--results", "-r", help="Folder holding probe_results.csv."
@@ -436,7 +534,8 @@ def reproduce(
         f"after {REPRODUCE_TRAIN_MINUTES:g} minutes with a checkpoint on a slower machine).",
     ),
 ) -> None:
-    """generate -> fit (all prefills, all tasks, controls) -> plot -> report, on the default model."""
+    """generate -> fit (all prefills, all tasks, controls) -> plot -> intervene (a default
+    battery) -> report, on the default model."""
     import time
 
     from fbt_probe.progress import lazy_progress
@@ -474,10 +573,21 @@ def reproduce(
     with lazy_progress("fit", 1, delay=0.0) as bar:
         df = run_fit(model, name, out_dir=out, progress=bar)
     plot_all(out)
+    from probes.intervene import REPRODUCE_BATTERY, headline, run_intervene
+    from probes.intervene_plot import plot_interventions
+
+    with lazy_progress("intervene", 1, delay=0.0) as bar:
+        iv = run_intervene(model, name, list(REPRODUCE_BATTERY), out / "interventions",
+                           probes_dir=out, progress=bar)  # fmt: skip
+    plot_interventions(iv, out / "interventions" / "figures")
     report = write_report(out)
     typer.echo(format_layer0(layer0_table(df)))
+    typer.echo("\nDecodable vs used (fbt-probe intervene):")
+    for t, p in REPRODUCE_BATTERY:
+        typer.echo(f"  {headline(iv, t, p)}")
     typer.echo(
-        f"\nwrote {out / 'probe_results.csv'}, figures in {out / 'figures'}, report {report} ({time.monotonic() - t0:.0f} s)"
+        f"\nwrote {out / 'probe_results.csv'}, {out / 'interventions' / 'interventions.csv'}, "
+        f"figures in {out / 'figures'}, report {report} ({time.monotonic() - t0:.0f} s)"
     )
 
 

@@ -65,6 +65,50 @@ def multi_target_table(df: pd.DataFrame, task: str) -> str:
     return "\n".join(lines)
 
 
+def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
+    """Per task, prefill and depth of the colon: the probe's accuracy beside the answer
+    accuracy after LEACE erases the probe's concept there (and a random subspace)."""
+    from probes.intervene import headline
+    from probes.intervene_plot import _ladder, depth_of
+
+    lines = []
+    for task, prefill in dict.fromkeys(zip(iv.task, iv.prefill, strict=True)):
+        line = headline(iv, task, prefill)
+        if line:
+            lines += [f"- {line}"]
+    lines += ["", "| task | prefill | depth | probe accuracy (fit) | answer accuracy after LEACE "
+              "[95 % CI] | after a random subspace | flip rate after LEACE |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (task, prefill), g in iv.groupby(["task", "prefill"], sort=False):
+        er = g[g.intervention.isin(["erase_probe", "erase_random"])]
+        if er.empty:
+            continue
+        ladder = _ladder(er)
+        clean = g[(g.intervention == "self") & (g.metric == "accuracy")]
+        for site in ladder:
+            d = depth_of(site, ladder)
+
+            def pick(name, metric, er=er, site=site):
+                return er[
+                    (er.intervention == name) & (er.site == site) & (er.metric == metric)
+                ].iloc[0]
+
+            probe = df[(df.task == task) & (df.prefill == prefill) & (df.depth == d)
+                       & (df.model == "trained") & (df.distractors == "1-256")
+                       & (df.overwrites == "all")].accuracy  # fmt: skip
+            e, r, f = (
+                pick("erase_probe", "accuracy"),
+                pick("erase_random", "accuracy"),
+                pick("erase_probe", "flip_rate"),
+            )
+            lines.append(
+                f"| {task} | {prefill} | {d} | {_fmt(probe.mean()) if len(probe) else '–'} | "
+                f"{_fmt(e.value)} [{_fmt(e.ci_low)}, {_fmt(e.ci_high)}] | {_fmt(r.value)} | {_fmt(f.value)} |"
+            )
+        if len(clean):
+            lines.append(f"| {task} | {prefill} | clean | | {_fmt(clean.iloc[0].value)} | | |")
+    return "\n".join(lines)
+
+
 def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
     """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
     res = Path(results)
@@ -109,6 +153,23 @@ def write_report(results: str | Path, figures: str | Path | None = None) -> Path
                 mt,
                 "",
             ]
+    iv_path = res / "interventions" / "interventions.csv"
+    if iv_path.is_file():
+        iv = pd.read_csv(iv_path, keep_default_na=True)
+        parts += [
+            "## Decodable vs used",
+            "",
+            "Causal tests against each example's counterfactual twin (`fbt-probe intervene`): "
+            "interchange the fed-back state or the label token's embedding with the twin's, and "
+            "erase the probe's concept (LEACE, fitted on the other grouped folds) at each depth "
+            "of the colon. Intervals: 95 % bootstrap over groups.",
+            "",
+            decodable_vs_used(df, iv),
+            "",
+        ]
+        ivfigs = res / "interventions" / "figures"
+        for png in sorted(ivfigs.glob("*.png")) if ivfigs.is_dir() else []:
+            parts += [f"![{png.stem}]({rel(png)})", ""]
     if figs.is_dir():
         parts += ["## Figures", ""]
         for png in sorted(figs.glob("*.png")):

@@ -9,7 +9,10 @@ the smallest), registered with ``register_task``. It may also declare:
 - ``targets(params)``: the names of its probe targets, one per answer word (default:
   ``("label",)``); multi_register names one per register;
 - ``STRATUM``: the name of a per-target count that results are also split by (stored in
-  each example's ``overwrites``; multi_register: ``"overwrites"``), or None.
+  each example's ``overwrites``; multi_register: ``"overwrites"``), or None;
+- ``twin(base, params, group)``: the counterfactual base with one label flipped and
+  everything else kept, and the index of that label, or None when the base has none
+  (``fbt-probe generate --twins``, ``fbt-probe intervene``).
 
 Everything else (generate, fit, plot, report, the CLI's task lists) reads the registry:
 a new task is one module that registers itself.

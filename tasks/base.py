@@ -129,3 +129,55 @@ def generate_groups(
         if progress is not None:
             progress(g + 1, n_groups)
     return out
+
+
+@dataclass(frozen=True)
+class Twin:
+    """The counterfactual of one rendering: the same words except the label-bearing one.
+
+    ``example`` is the twin's rendering, ``target`` the index of the label that changes,
+    ``position`` the one prompt position where the two differ (the label-bearing token)."""
+
+    example: Example
+    target: int
+    position: int
+
+
+def twin_of(clean: Example, twin: Example, target: int) -> Twin:
+    """Check the twin contract (same length, one prompt word changed, that target's label
+    changed and no other) and say where the two differ."""
+    if len(clean.tokens) != len(twin.tokens) or clean.colon_index != twin.colon_index:
+        raise ValueError(f"task {clean.task}: a twin must have the same length as its example")
+    diff = [i for i, (a, b) in enumerate(zip(clean.prompt, twin.prompt, strict=True)) if a != b]
+    if len(diff) != 1:
+        raise ValueError(
+            f"task {clean.task}: a twin must differ from its example in one prompt word, "
+            f"not {len(diff)}"
+        )
+    changed = [i for i, (a, b) in enumerate(zip(clean.answer, twin.answer, strict=True)) if a != b]
+    if changed != [target]:
+        raise ValueError(f"task {clean.task}: a twin must change label {target} and no other")
+    return Twin(twin, target, diff[0])
+
+
+def generate_twins(mod, n_groups, distractors, seed, params, stream) -> list[Twin | None]:
+    """The twin of every rendering ``generate_groups`` makes, in the same order (None where
+    the task has none). A twin's base comes from the task's ``twin(base, params, group)``
+    and is rendered with the same generator as its example, so the distractor stream is
+    the same word for word."""
+    twin = getattr(mod, "twin", None)
+    if twin is None:
+        raise ValueError(f"task {mod.NAME} defines no twin(base, params, group)")
+    bases = mod.draw_bases(n_groups, seed, params, stream)
+    out: list[Twin | None] = []
+    for g, base in enumerate(bases):
+        flipped = twin(base, params, g)
+        for n in distractors:
+            if flipped is None:
+                out.append(None)
+                continue
+            key = (seed, mod.NAME, stream, g, int(n))
+            clean = mod.render(base, int(n), rng_for(*key), params, g)
+            other = mod.render(flipped[0], int(n), rng_for(*key), params, g)
+            out.append(twin_of(clean, other, flipped[1]))
+    return out

@@ -36,6 +36,15 @@ SCHEMA = pa.schema(
         ("overwrites", pa.list_(pa.int32())),  # multi_register: per register; else empty
     ]
 )
+# Written only by ``generate --twins``: each row's counterfactual (empty / -1 where none)
+TWIN_SCHEMA = pa.schema(
+    [
+        ("twin_token_ids", pa.list_(pa.int32())),  # the twin's ids, as long as token_ids
+        ("twin_labels", pa.list_(pa.string())),  # the twin's answer words
+        ("twin_target", pa.int32()),  # which label the twin flips (index into labels)
+        ("twin_position", pa.int32()),  # the one prompt position where the two differ
+    ]
+)
 
 
 @dataclass
@@ -50,6 +59,15 @@ class Dataset:
     colon_index: np.ndarray
     overwrites: list[tuple[int, ...]]
     text: list[str]
+    # counterfactual twins (``generate --twins``); None when the file has none
+    twin_token_ids: list[np.ndarray] | None = None
+    twin_labels: list[tuple[str, ...]] | None = None
+    twin_target: np.ndarray | None = None  # -1 where a row has no twin
+    twin_position: np.ndarray | None = None
+
+    @property
+    def has_twins(self) -> bool:
+        return self.twin_target is not None
 
     @property
     def task(self) -> str:
@@ -107,7 +125,7 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def to_table(examples: list[Example], meta: dict) -> pa.Table:
+def to_table(examples: list[Example], meta: dict, twins=None) -> pa.Table:
     ids = [vocab.encode(ex.tokens) for ex in examples]
     cols = {
         "text": [ex.text for ex in examples],
@@ -119,7 +137,14 @@ def to_table(examples: list[Example], meta: dict) -> pa.Table:
         "colon_index": [ex.colon_index for ex in examples],
         "overwrites": [list(ex.overwrites) for ex in examples],
     }
-    table = pa.table(cols, schema=SCHEMA)
+    schema = SCHEMA
+    if twins is not None:
+        cols["twin_token_ids"] = [vocab.encode(t.example.tokens) if t else [] for t in twins]
+        cols["twin_labels"] = [list(t.example.answer) if t else [] for t in twins]
+        cols["twin_target"] = [t.target if t else -1 for t in twins]
+        cols["twin_position"] = [t.position if t else -1 for t in twins]
+        schema = pa.schema(list(SCHEMA) + list(TWIN_SCHEMA))
+    table = pa.table(cols, schema=schema)
     return table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
 
 
@@ -245,6 +270,9 @@ def load(path: str | Path) -> Dataset:
            if not 0 <= c < len(ids) or ids[c] != vocab.COLON_ID]  # fmt: skip
     if bad:
         raise ValueError(f"{path}: row {bad[0]} has no colon at its colon_index")
+    twins = {}
+    if "twin_target" in table.schema.names:
+        twins = _load_twins(path, d)
     return Dataset(
         meta=meta,
         token_ids=[np.asarray(x, dtype=np.int64) for x in d["token_ids"]],
@@ -254,4 +282,28 @@ def load(path: str | Path) -> Dataset:
         colon_index=np.asarray(d["colon_index"], dtype=np.int64),
         overwrites=[tuple(x) for x in d["overwrites"]],
         text=d["text"],
+        **twins,
     )
+
+
+def _load_twins(path: Path, d: dict) -> dict:
+    """The twin columns, checked against the rows they belong to."""
+    if not set(TWIN_SCHEMA.names) <= set(d):
+        raise ValueError(f"{path}: its twin columns are incomplete")
+    target = np.asarray(d["twin_target"], dtype=np.int64)
+    position = np.asarray(d["twin_position"], dtype=np.int64)
+    for i in np.flatnonzero(target >= 0):
+        ids, tw = d["token_ids"][i], d["twin_token_ids"][i]
+        if (
+            len(tw) != len(ids)
+            or not 0 <= position[i] < d["colon_index"][i]
+            or target[i] >= len(d["labels"][i])
+            or len(d["twin_labels"][i]) != len(d["labels"][i])
+        ):
+            raise ValueError(f"{path}: row {i} has a malformed twin")
+    return {
+        "twin_token_ids": [np.asarray(x, dtype=np.int64) for x in d["twin_token_ids"]],
+        "twin_labels": [tuple(x) for x in d["twin_labels"]],
+        "twin_target": target,
+        "twin_position": position,
+    }

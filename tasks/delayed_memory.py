@@ -40,6 +40,11 @@ def render(bit: int, n: int, rng: np.random.Generator, params: Params, group: in
     return Example(NAME, group, n, prompt, (LABELS[bit],))
 
 
+def twin(bit: int, params: Params, group: int = 0) -> tuple[int, int]:
+    """The counterfactual base: the other bit (target 0, the only one)."""
+    return 1 - bit, 0
+
+
 def generate(
     n_groups: int,
     distractors: tuple[int, ...],

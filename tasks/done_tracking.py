@@ -88,6 +88,20 @@ def render(
     return Example(NAME, group, n, prompt, (LABELS[int(s >= k)],))
 
 
+def twin(
+    base: tuple[int, int], params: Params, group: int = 0
+) -> tuple[tuple[int, int], int] | None:
+    """The counterfactual base: the announced count moved across the threshold, the STEP
+    events kept (DONE -> k = s + 1, MORE -> k = s: the nearest count with the other label).
+    None when that count is outside 1..max_need: a MORE example with no STEP at all, or a
+    DONE one with s >= max_need, has no twin the model was trained on."""
+    k, s = base
+    k2 = s + 1 if s >= k else s
+    if not 1 <= k2 <= params.max_need:
+        return None
+    return (k2, s), 0
+
+
 def generate(
     n_groups: int,
     distractors: tuple[int, ...],

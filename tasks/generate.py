@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks import get_task
-from tasks.base import DEFAULT_DISTRACTORS, STREAM_PROBE, check_counts, generate_groups
-from tasks.dataset import build_meta, check_output_file, to_table, write_atomic
+from tasks.base import (
+    DEFAULT_DISTRACTORS,
+    STREAM_PROBE,
+    check_counts,
+    generate_groups,
+    generate_twins,
+)
+from tasks.dataset import build_meta, check_output_file, content_hash, to_table, write_atomic
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
@@ -47,11 +53,14 @@ def generate_dataset(
     params: dict | None = None,
     force: bool = False,
     progress=None,
+    twins: bool = False,
 ) -> Path:
     """Render ``n_groups`` base instances at every count and write a parquet file.
 
     Same arguments give a byte-identical file. ``progress`` is an optional callable
-    ``(done, total)`` for a progress bar.
+    ``(done, total)`` for a progress bar. ``twins`` adds each row's counterfactual twin
+    (``tasks.base.Twin``) in columns of its own; the rows themselves, and the content
+    hash, are those of the same dataset without twins.
     """
     mod = get_task(task)
     if n_groups < 1:
@@ -61,9 +70,18 @@ def generate_dataset(
     check_counts(distractors)
     check_memory(n_groups, distractors)
     p = mod.Params(**(params or {}))
+    if twins and not hasattr(mod, "twin"):
+        raise ValueError(f"task {task} defines no twins (tasks.register_task, docs/design.md)")
     out = Path(out) if out is not None else default_path(task)
     check_output_file(out, force)
     examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
     meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples)
-    write_atomic(to_table(examples, meta), out)
+    pairs = None
+    if twins:
+        pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE)
+        meta["twins"] = {
+            "n_twins": sum(t is not None for t in pairs),
+            "hash": content_hash([t.example for t in pairs if t is not None]),
+        }
+    write_atomic(to_table(examples, meta, pairs), out)
     return out

@@ -81,6 +81,18 @@ def render(base: Base, n: int, rng: np.random.Generator, params: Params, group: 
     return Example(NAME, group, n, prompt, answer, overwrites, rendered)
 
 
+def twin(base: Base, params: Params, group: int = 0) -> tuple[Base, int]:
+    """The counterfactual base: register ``group % n_registers`` gets another final value
+    (its last write's value + 1, modulo n_values); every other write is kept. Returns the
+    base and the index of the register (the target) whose label changes."""
+    writes, overwrites = base
+    r = group % params.n_registers
+    j = max(i for i, (reg, _) in enumerate(writes) if reg == r)
+    new = list(writes)
+    new[j] = (r, (writes[j][1] + 1) % params.n_values)
+    return (tuple(new), overwrites), r
+
+
 def generate(
     n_groups: int,
     distractors: tuple[int, ...],

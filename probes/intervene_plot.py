@@ -1,0 +1,122 @@
+"""Figures drawn from ``interventions.csv`` alone (no statistics are computed here).
+
+Per task: ``interchange_<task>``, the flip rate of each fed-back-state interchange by window
+and prefill; ``depth_<task>``, answer accuracy after each probe-direction intervention by
+depth (one panel per prefill); ``steering_<task>``, flip rate against the steering dose. Each
+function returns the matrices it drew, so tests can compare every number with the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from probes.intervene import STATE_HOOK, WINDOWS  # noqa: E402
+from probes.plot import CMAP, PALETTE, _prefills, save_figure  # noqa: E402
+
+DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 4.0),
+                 ("steer_random", 4.0))  # fmt: skip
+
+
+def depth_of(site: str, sites: list[str]) -> int:
+    """Depth of a residual site: its index in the depth ladder the CSV's sites make."""
+    return sites.index(site)
+
+
+def _ladder(g: pd.DataFrame) -> list[str]:
+    """The residual sites in depth order: block inputs by block, then the last output."""
+    return sorted(set(g.site), key=lambda s: (s.endswith("resid_post"), int(s.split(".")[1])))
+
+
+def interchange_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
+    g = df[(df.task == task) & (df.intervention == "interchange_state")
+           & (df.metric == "flip_rate")]  # fmt: skip
+    if g.empty:
+        return pd.DataFrame()
+    g = g.assign(column=[p if s == STATE_HOOK else f"{p} (patch only)"
+                         for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
+    cols = [c for p in _prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.column)]
+    mat = g.pivot_table(index="positions", columns="column", values="value", aggfunc="first")
+    return mat.reindex(index=[w for w in WINDOWS if w in mat.index], columns=cols)
+
+
+def depth_matrix(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
+    g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "accuracy")
+           & df.intervention.isin([n for n, _ in DEPTH_COLUMNS])]  # fmt: skip
+    if g.empty:
+        return pd.DataFrame()
+    ladder = _ladder(g)
+    out = {}
+    for name, alpha in DEPTH_COLUMNS:
+        h = g[g.intervention == name]
+        h = h[h.alpha.isna()] if alpha is None else h[h.alpha == alpha]
+        label = name if alpha is None else f"{name} α={alpha:+g}"
+        out[label] = {depth_of(s, ladder): v for s, v in zip(h.site, h.value, strict=True)}
+    mat = pd.DataFrame(out)
+    mat.index.name = "depth"
+    return mat.sort_index()
+
+
+def steering_curves(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
+    """Rows: alpha; columns: (intervention, depth); values: flip rate."""
+    g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "flip_rate")
+           & df.intervention.isin(["steer_probe", "steer_random"])]  # fmt: skip
+    if g.empty:
+        return pd.DataFrame()
+    ladder = _ladder(g)
+    g = g.assign(depth=[depth_of(s, ladder) for s in g.site])
+    return g.pivot_table(index="alpha", columns=["intervention", "depth"], values="value")
+
+
+def plot_interventions(df: pd.DataFrame, out: str | Path) -> dict[str, pd.DataFrame]:
+    """Draw every figure for every task in ``df`` into ``out``; returns {title: matrix}."""
+    out = Path(out)
+    drawn: dict[str, pd.DataFrame] = {}
+    for task in dict.fromkeys(df.task):
+        mat = interchange_matrix(df, task)
+        if not mat.empty:
+            fig, ax = plt.subplots(figsize=(1.6 + 1.5 * mat.shape[1], 3.6))
+            sns.heatmap(mat, ax=ax, vmin=0, vmax=1, cmap=CMAP, annot=True, fmt=".2f",
+                        linewidths=0.5, cbar_kws={"label": "flip rate to the twin's label"})  # fmt: skip
+            ax.set_title(f"{task}: interchange the fed-back state with the twin's")
+            ax.set_xlabel("prefill")
+            ax.set_ylabel("positions patched (before the answer)")
+            title = f"interchange_{task}"
+            save_figure(fig, out, title)
+            drawn[title] = mat
+        prefills = [p for p in _prefills(df[df.task == task])
+                    if not depth_matrix(df, task, p).empty]  # fmt: skip
+        if prefills:
+            fig, axes = plt.subplots(1, len(prefills), figsize=(4.6 * len(prefills), 3.6),
+                                     squeeze=False)  # fmt: skip
+            for ax, p in zip(axes[0], prefills, strict=True):
+                mat = depth_matrix(df, task, p)
+                sns.heatmap(mat, ax=ax, vmin=0, vmax=1, cmap=CMAP, annot=True, fmt=".2f",
+                            linewidths=0.5, cbar=ax is axes[0][-1],
+                            cbar_kws={"label": "answer accuracy"})  # fmt: skip
+                ax.set_title(f"{task}, {p} prefill")
+                ax.set_xlabel("")
+                drawn[f"depth_{task}_{p}"] = mat
+            save_figure(fig, out, f"depth_{task}")
+            fig, axes = plt.subplots(1, len(prefills), figsize=(4.6 * len(prefills), 3.4),
+                                     squeeze=False, sharey=True)  # fmt: skip
+            for ax, p in zip(axes[0], prefills, strict=True):
+                cur = steering_curves(df, task, p)
+                for (name, depth), col in cur.items():
+                    ax.plot(cur.index, col.values, color=PALETTE[depth % len(PALETTE)],
+                            ls="-" if name == "steer_probe" else ":", marker="o", ms=3,
+                            label=f"depth {depth}" if name == "steer_probe" else None)  # fmt: skip
+                ax.set_title(f"{task}, {p} prefill")
+                ax.set_xlabel("dose α (s.d. of the probe projection; > 0 towards the twin)")
+                ax.set_ylim(-0.02, 1.02)
+                drawn[f"steering_{task}_{p}"] = cur
+            axes[0][0].set_ylabel("flip rate (solid: probe direction, dotted: random)")
+            axes[0][-1].legend(fontsize=7, loc="upper left")
+            save_figure(fig, out, f"steering_{task}")
+    return drawn

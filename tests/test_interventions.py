@@ -1,0 +1,299 @@
+"""Counterfactual twins and causal interventions, against exact references."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fbt_probe.config import FBTConfig
+from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+from fbt_probe.model import FBTModel
+from fbt_probe.recurrence import run_recurrence
+from probes.intervene import (
+    COLUMNS,
+    INTERVENTIONS,
+    Key,
+    batches,
+    fit_leace,
+    pairs_of,
+    run_battery,
+    summarise,
+    window_mask,
+)
+from tasks import delayed_memory, done_tracking, get_task, multi_register, vocab
+from tasks.base import STREAM_PROBE, generate_groups, generate_twins
+from tasks.dataset import load
+from tasks.generate import generate_dataset
+from tests.oracle import interpret
+
+TASKS = ("delayed_memory", "done_tracking", "multi_register")
+
+
+def _twins(task, n_groups=24, counts=(0, 3, 17)):
+    mod = get_task(task)
+    p = mod.Params()
+    exs = generate_groups(mod, n_groups, counts, 7, p, STREAM_PROBE)
+    return exs, generate_twins(mod, n_groups, counts, 7, p, STREAM_PROBE)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_twin_flips_its_label_and_keeps_every_other_word(task):
+    exs, twins = _twins(task)
+    assert any(t is not None for t in twins)
+    for ex, tw in zip(exs, twins, strict=True):
+        if tw is None:
+            continue
+        clean, other = ex.tokens, tw.example.tokens
+        assert len(clean) == len(other) and ex.colon_index == tw.example.colon_index
+        diff = [
+            i for i, (a, b) in enumerate(zip(ex.prompt, tw.example.prompt, strict=True)) if a != b
+        ]
+        assert diff == [tw.position]  # one prompt word, the label-bearing one
+        # the independent oracle reads the twin's label from its text
+        assert interpret(tw.example.text) == tw.example.answer
+        assert interpret(ex.text) == ex.answer
+        assert tw.example.answer[tw.target] != ex.answer[tw.target]
+        assert all(a == b for i, (a, b) in enumerate(zip(ex.answer, tw.example.answer, strict=True))
+                   if i != tw.target)  # fmt: skip
+
+
+def test_done_tracking_twins_move_the_count_across_the_threshold_within_range():
+    exs, twins = _twins("done_tracking", n_groups=64, counts=(5,))
+    max_need = done_tracking.Params().max_need
+    for ex, tw in zip(exs, twins, strict=True):
+        k, s = int(ex.prompt[2][1:]), ex.prompt.count(vocab.STEP)
+        has = (s + 1 <= max_need) if s >= k else s >= 1
+        assert (tw is not None) == has
+        if tw is not None:
+            k2 = int(tw.example.prompt[2][1:])
+            assert 1 <= k2 <= max_need and (s >= k) != (s >= k2) and tw.position == 2
+            assert tw.example.prompt.count(vocab.STEP) == s
+
+
+def test_multi_register_twin_changes_the_last_write_of_one_register():
+    exs, twins = _twins("multi_register", n_groups=8, counts=(4,))
+    for ex, tw in zip(exs, twins, strict=True):
+        r = tw.target
+        assert r == ex.group % multi_register.Params().n_registers
+        name = vocab.REGISTERS[r]
+        last = max(i for i, w in enumerate(ex.prompt) if w == name)
+        assert tw.position == last + 1  # the value of that register's last write
+
+
+def test_twin_dataset_keeps_the_rows_and_their_hash(tmp_path):
+    plain = generate_dataset("done_tracking", tmp_path / "a.parquet", n_groups=12,
+                             distractors=(1, 8), seed=3)  # fmt: skip
+    with_twins = generate_dataset("done_tracking", tmp_path / "b.parquet", n_groups=12,
+                                  distractors=(1, 8), seed=3, twins=True)  # fmt: skip
+    a, b = load(plain), load(with_twins)
+    assert not a.has_twins and b.has_twins
+    assert a.content_hash == b.content_hash and a.text == b.text
+    assert b.meta["twins"]["n_twins"] == int((b.twin_target >= 0).sum()) > 0
+    for i in np.flatnonzero(b.twin_target >= 0):
+        assert interpret(vocab.decode(b.twin_token_ids[i])) == b.twin_labels[i]
+    # the same arguments give the same bytes
+    again = generate_dataset("done_tracking", tmp_path / "c.parquet", n_groups=12,
+                             distractors=(1, 8), seed=3, twins=True)  # fmt: skip
+    assert Path(again).read_bytes() == Path(with_twins).read_bytes()
+
+
+def _model(fusion="gated", seed=5):
+    cfg = FBTConfig(d_model=32, n_layers=2, n_heads=2, d_mlp=64, n_ctx=320, fusion=fusion)
+    return FBTModel(cfg, seed=seed).eval()
+
+
+def _batch(task="delayed_memory", n_groups=6, counts=(2, 5), tmp=None):
+    path = generate_dataset(task, tmp / f"{task}.parquet", n_groups=n_groups,
+                            distractors=counts, seed=11, twins=True, force=True)  # fmt: skip
+    ds = load(path)
+    pairs = pairs_of(ds)
+    return ds, pairs, batches(pairs, 64, "cpu")[0]
+
+
+def _at_answer(logits, b, start=0):
+    return logits[torch.arange(len(b.idx)), b.answer - start]
+
+
+@pytest.mark.parametrize("passes", [2, None])
+def test_self_patch_changes_nothing(tmp_path, passes):
+    m = _model()
+    _, _, b = _batch("done_tracking", tmp=tmp_path)
+    c = clean_run(m, b.tokens, passes)
+    for window in ("all", "last4"):
+        mask = window_mask(window, b)
+        s = int(mask.any(0).nonzero()[0])
+        lg = patched_run(m, c, s, [(STATE_HOOK, replace_where(mask, c.fed))])
+        torch.testing.assert_close(lg, c.logits[:, s:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("passes", [2, None])
+def test_interchanging_every_state_and_token_gives_the_twin(tmp_path, passes):
+    m = _model()
+    _, _, b = _batch("multi_register", counts=(3,), tmp=tmp_path)
+    c = clean_run(m, b.tokens, passes)
+    w = clean_run(m, b.twin_tokens, passes, keep_cache=False)
+    every = torch.ones_like(b.tokens, dtype=torch.bool)
+    lg = patched_run(m, c, 0, [(STATE_HOOK, replace_where(every, w.fed))], emb=w.emb)
+    torch.testing.assert_close(lg, w.logits, atol=1e-5, rtol=0)
+    # and the states alone do not: the label token still differs
+    lg_state = patched_run(m, c, 0, [(STATE_HOOK, replace_where(every, w.fed))])
+    assert (lg_state - w.logits).abs().max() > 1e-4
+
+
+def test_a_recurrence_patch_at_t_leaves_earlier_positions_bit_identical(tmp_path):
+    m = _model()
+    _, _, b = _batch("delayed_memory", counts=(12,), tmp=tmp_path)
+    t = 9
+    clean = run_recurrence(m, b.tokens)
+    mask = torch.zeros_like(b.tokens, dtype=torch.bool)
+    mask[:, t] = True
+    with m.hooks(fwd_hooks=[(STATE_HOOK, replace_where(mask, torch.zeros(*b.tokens.shape, 32)))]):
+        patched = run_recurrence(m, b.tokens)
+    assert torch.equal(patched.logits[:, :t], clean.logits[:, :t])
+    assert torch.equal(patched.states[:, :t], clean.states[:, :t])
+    # ... and propagates to every later step
+    later = (patched.states[:, t:] - clean.states[:, t:]).abs().amax(dim=(0, 2))
+    assert bool((later > 0).all())
+    # the resumed run from t gives the same patched logits as the whole recurrence
+    c = clean_run(m, b.tokens, None)
+    lg = patched_run(m, c, t, [(STATE_HOOK, replace_where(mask, torch.zeros(*b.tokens.shape, 32)))])
+    torch.testing.assert_close(lg, patched.logits[:, t:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prefill", ["recurrent", "full"])
+def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path, prefill):
+    m = _model(fusion="none")
+    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=10,
+                            distractors=(2, 6), seed=11, twins=True)  # fmt: skip
+    rec, pairs, _ = run_battery(m, load(path), prefill, cache_dir=None, probe_interventions=False)
+    c, f, ld = rec.hits[Key("clean", "", "")]
+    state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
+    assert len(state) == 1 + 4 * 6 + 1 + (1 if prefill == "full" else 0)
+    for k in state:
+        kc, kf, kld = rec.hits[k]
+        assert np.array_equal(kc, c) and np.array_equal(kf, f)
+        np.testing.assert_allclose(kld, ld, atol=1e-5, rtol=0)
+    df = summarise(rec, pairs, "delayed_memory", prefill, 0)
+    st = df[df.site.str.startswith(STATE_HOOK) & (df.metric == "logit_diff")]
+    np.testing.assert_allclose(st.value, 1.0, atol=1e-5)
+
+
+def test_leace_leaves_the_probe_at_chance_on_held_out_features():
+    from probes.intervene import erase
+    from probes.probe import LogisticProbe
+
+    rng = np.random.default_rng(0)
+    n, d = 600, 24
+    y = rng.integers(0, 2, n)
+    X = rng.normal(size=(n, d)) + np.outer(y * 2 - 1, rng.normal(size=d)) * 1.5
+    X[:, 3] += 0.8 * (y * 2 - 1)  # a second, axis-aligned trace of the label
+    tr, te = np.arange(400), np.arange(400, n)
+    before = np.mean(LogisticProbe(1.0).fit(X[tr], y[tr]).predict(X[te]) == y[te])
+    onehot = np.eye(2)[y]
+    left, right, bias = fit_leace(X[tr], onehot[tr])
+    E = erase(torch.from_numpy(X)[None].double(), left[None], right[None], bias[None])[0].numpy()
+    after = np.mean(LogisticProbe(1.0).fit(E[tr], y[tr]).predict(E[te]) == y[te])
+    assert before > 0.95
+    assert abs(after - 0.5) < 0.08  # chance, within sampling noise on 200 held-out examples
+
+
+def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
+    m = _model()
+    path = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=16,
+                            distractors=(1, 4), seed=11, twins=True)  # fmt: skip
+    ds = load(path)
+    rec, pairs, info = run_battery(m, ds, "full", cache_dir=tmp_path / "cache")
+    df = summarise(rec, pairs, "done_tracking", "full", 0)
+    assert list(df.columns) == COLUMNS
+    assert set(df.intervention) == set(INTERVENTIONS)
+    assert (df.ci_low <= df.value + 1e-9).all() and (df.value <= df.ci_high + 1e-9).all()
+    rates = df[df.metric != "logit_diff"]
+    assert rates.value.between(0, 1).all()
+    self_rows = df[df.intervention == "self"].set_index("metric").value
+    c, _, _ = rec.hits[Key("clean", "", "")]
+    assert self_rows["accuracy"] == pytest.approx(c.mean())
+    assert self_rows["logit_diff"] == pytest.approx(1.0, abs=1e-5)
+    # steering at alpha 0 is the clean run
+    zero = df[(df.intervention == "steer_probe") & (df.alpha == 0) & (df.metric == "logit_diff")]
+    np.testing.assert_allclose(zero.value, 1.0, atol=1e-5)
+    assert info["patched_runs"] > 0 and len(pairs) == df.n_examples.iloc[0]
+
+
+def test_steering_moves_the_projection_by_alpha_sigmas(tmp_path):
+    from probes.intervene import depth_tools
+
+    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=20,
+                            distractors=(1, 3), seed=11, twins=True)  # fmt: skip
+    ds = load(path)
+    pairs = pairs_of(ds)
+    feats = np.random.default_rng(1).normal(size=(len(pairs), 32))
+    feats[:, 0] += (pairs.labels[:, 0] == vocab.ONE) * 3.0
+    held = [np.arange(len(pairs))[i::5] for i in range(5)]
+    tl = depth_tools(feats, pairs, {0: [vocab.ONE, vocab.ZERO]}, held, None, 0, 0)
+    u, sigma = tl.unit.double().numpy(), tl.sigma.double().numpy()
+    np.testing.assert_allclose(np.linalg.norm(u, axis=1), 1.0, atol=1e-6)
+    # the direction points from the clean label to the twin's: mostly along feature 0
+    sign = np.where(pairs.labels[:, 0] == vocab.ONE, -1.0, 1.0)
+    assert (np.sign(u[:, 0]) == sign).all()
+    assert (sigma > 0).all()
+
+
+class _Result:
+    def __init__(self, r):
+        self.returncode, self.stdout, self.stderr = r.exit_code, r.stdout, r.stderr
+
+
+def _cli(*args, cwd):
+    import os
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return _Result(CliRunner().invoke(app, list(args)))
+    finally:
+        os.chdir(here)
+
+
+def test_intervene_command_on_the_default_model(tmp_path):
+    data = tmp_path / "dm.parquet"
+    r = _cli("generate", "--task", "delayed_memory", "--n-groups", "10", "--distractors",
+             "1,6", "--twins", "--out", str(data), cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "iv"
+    r = _cli("intervene", "--task", "delayed_memory", "--prefill", "recurrent", "--data",
+             str(data), "--out", str(out), cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out / "interventions.csv")
+    assert list(df.columns) == COLUMNS and set(df.intervention) == set(INTERVENTIONS)
+    meta = json.loads((out / "interventions.json").read_text())
+    assert meta["runs"][0]["n_pairs"] == 20 and meta["runs"][0]["clean_accuracy"] == 1.0
+    for stem in ("interchange_delayed_memory", "depth_delayed_memory", "steering_delayed_memory"):
+        assert (out / "figures" / f"{stem}.png").stat().st_size > 0
+    assert "relies on" in r.stdout
+
+
+def test_intervene_refuses_a_dataset_without_twins(tmp_path):
+    data = tmp_path / "dm.parquet"
+    generate_dataset("delayed_memory", data, n_groups=6, distractors=(1,), seed=1)
+    r = _cli("intervene", "--data", str(data), "--out", str(tmp_path / "iv"), cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: {data} has no twins: generate it with 'fbt-probe generate --twins'"
+    ]
+    assert not (tmp_path / "iv" / "interventions.csv").exists()
+    r = _cli("intervene", "--prefill", "sideways", "--out", str(tmp_path / "iv"), cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("error: unknown prefill 'sideways'")
+
+
+def test_delayed_memory_twin_is_the_other_bit():
+    assert delayed_memory.twin(0, delayed_memory.Params()) == (1, 0)
+    assert delayed_memory.twin(1, delayed_memory.Params()) == (0, 0)
