@@ -448,6 +448,12 @@ def intervene(
         "grouped fold's other folds.",
     ),
     seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and random-direction seed."),
+    random_init: bool = typer.Option(
+        False,
+        "--random-init",
+        help="Run the battery on a random-init model of --model's config instead (a control: "
+        "what the interventions do to a model that learned nothing).",
+    ),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help="Examples per batch."),
     device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
@@ -487,6 +493,12 @@ def intervene(
         raise ValueError(f"--seed must be >= 0, got {seed}")
     check_output_dir(out)  # before any work, not after it
     m, name = resolve_model(model, resolve_device(device))
+    if random_init:
+        from fbt_probe.registry import random_init_like
+
+        m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
+        if probes_dir is not None:
+            raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
     with lazy_progress("intervene", 1, delay=0.0) as bar:
         df = run_intervene(m, name, [(t, p) for t in task_list for p in prefills], out, data=data_map,
                            probes_dir=probes_dir, seed=seed, batch_size=batch_size, progress=bar)  # fmt: skip

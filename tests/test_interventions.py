@@ -297,3 +297,29 @@ def test_intervene_refuses_a_dataset_without_twins(tmp_path):
 def test_delayed_memory_twin_is_the_other_bit():
     assert delayed_memory.twin(0, delayed_memory.Params()) == (1, 0)
     assert delayed_memory.twin(1, delayed_memory.Params()) == (0, 0)
+
+
+def test_leace_erases_the_default_models_layer0_state(tmp_path):
+    # on real features: delayed_memory's bit at depth 0 of the colon under recurrent prefill is
+    # decodable (probe ~1.0); after LEACE fitted on the training folds a fresh probe trained
+    # and tested on erased features is at chance
+    from fbt_probe.registry import resolve_model
+    from probes.extract import extract_features
+    from probes.fit import grouped_splits
+    from probes.intervene import erase
+    from probes.probe import LogisticProbe
+
+    model, _ = resolve_model("default")
+    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=40,
+                            distractors=(1, 4, 16), seed=5)  # fmt: skip
+    ds = load(path)
+    X = extract_features(model, ds, "recurrent")[:, 0].astype(np.float64)
+    y = np.array([lab[0] for lab in ds.labels])
+    (tr, te), *_ = grouped_splits(y, ds.group, 4, 0)
+    before = np.mean(LogisticProbe(1.0).fit(X[tr], y[tr]).predict(X[te]) == y[te])
+    onehot = (y[:, None] == np.array([vocab.ZERO, vocab.ONE])[None]).astype(float)
+    left, right, bias = fit_leace(X[tr], onehot[tr])
+    E = erase(torch.from_numpy(X)[None], left[None], right[None], bias[None])[0].numpy()
+    after = np.mean(LogisticProbe(1.0).fit(E[tr], y[tr]).predict(E[te]) == y[te])
+    assert before > 0.95
+    assert after < 0.65  # chance is 0.5; 30 held-out examples

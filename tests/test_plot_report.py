@@ -111,3 +111,86 @@ def test_report_has_table_and_figures(results):
 def test_plot_cli_errors_without_results(tmp_path):
     r = CliRunner().invoke(app, ["plot", "--results", str(tmp_path)])
     assert r.exit_code == 1 and "fbt-probe fit" in r.stderr
+
+
+def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0) -> pd.DataFrame:
+    """A hand-made interventions table: delayed_memory under recurrent prefill, 3 depths."""
+    from probes.intervene import ALPHAS, STATE_HOOK, TOKEN_SITE, WINDOWS
+    from probes.intervene import COLUMNS as IV_COLUMNS
+
+    rng = np.random.default_rng(1)
+    rows = []
+
+    def add(intervention, site, positions, alpha, values):
+        for metric, v in zip(("accuracy", "flip_rate", "logit_diff"), values, strict=True):
+            rows.append({"task": "delayed_memory", "prefill": "recurrent", "intervention": intervention,
+                         "site": site, "positions": positions, "alpha": alpha, "metric": metric,
+                         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "n_examples": 100})  # fmt: skip
+
+    nan = float("nan")
+    add("self", STATE_HOOK, "all", nan, (clean_acc, 0.0, 1.0))
+    for w in WINDOWS:
+        f = flip_state if w == "all" else round(float(rng.uniform(0, 1)), 3)
+        add("interchange_state", STATE_HOOK, w, nan, (1 - f, f, 1 - f))
+    add("interchange_token", TOKEN_SITE, "label_token", nan, (1 - flip_token, flip_token, 0.5))
+    sites = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
+    for site in sites:
+        for name in ("erase_probe", "erase_random"):
+            a = round(float(rng.uniform(0, 1)), 3)
+            add(name, site, "colon", nan, (a, 1 - a, a))
+        for name in ("steer_probe", "steer_random"):
+            for alpha in ALPHAS:
+                a = round(float(rng.uniform(0, 1)), 3)
+                add(name, site, "colon", alpha, (a, 1 - a, a))
+    return pd.DataFrame(rows, columns=IV_COLUMNS)
+
+
+def test_intervention_figures_show_the_table(tmp_path):
+    from probes.intervene_plot import plot_interventions
+
+    iv = _interventions(0.9, 0.1)
+    drawn = plot_interventions(iv, tmp_path / "figs")
+    flips = iv[(iv.intervention == "interchange_state") & (iv.metric == "flip_rate")]
+    mat = drawn["interchange_delayed_memory"]
+    for w, v in zip(flips.positions, flips.value, strict=True):
+        assert mat.loc[w, "recurrent"] == v
+    depth = drawn["depth_delayed_memory_recurrent"]
+    er = iv[(iv.intervention == "erase_probe") & (iv.metric == "accuracy")]
+    # depth order: block inputs, then the last block's output
+    assert list(depth["erase_probe"]) == list(er.value)
+    steer = drawn["steering_delayed_memory_recurrent"]
+    s1 = iv[(iv.intervention == "steer_probe") & (iv.site == "blocks.1.hook_resid_pre")
+            & (iv.metric == "flip_rate")]  # fmt: skip
+    assert list(steer[("steer_probe", 1)]) == list(s1.value)
+    for stem in ("interchange_delayed_memory", "depth_delayed_memory", "steering_delayed_memory"):
+        assert (tmp_path / "figs" / f"{stem}.png").stat().st_size > 0
+        assert (tmp_path / "figs" / f"{stem}.pdf").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "state,token,clean,words",
+    [(0.9, 0.1, 1.0, "follows the state"), (0.05, 0.95, 1.0, "follows the token"),
+     (0.1, 0.1, 1.0, "both, redundantly"), (0.1, 0.1, 0.3, "say nothing")],
+)  # fmt: skip
+def test_the_headline_reads_the_two_interchanges(state, token, clean, words):
+    from probes.intervene import headline
+
+    line = headline(_interventions(state, token, clean), "delayed_memory", "recurrent")
+    assert words in line and f"{state:.3f}" in line
+
+
+def test_report_puts_probe_and_erasure_side_by_side(results):
+    res, df = results
+    iv = _interventions(0.9, 0.1)
+    (res / "interventions").mkdir()
+    iv.to_csv(res / "interventions" / "interventions.csv", index=False)
+    text = write_report(res).read_text()
+    assert "## Decodable vs used" in text and "follows the state" in text
+    probe0 = df[(df.task == "delayed_memory") & (df.prefill == "recurrent") & (df.depth == 0)
+                & (df.model == "trained") & (df.distractors == "1-256")].accuracy.iloc[0]  # fmt: skip
+    er0 = iv[(iv.intervention == "erase_probe") & (iv.site == "blocks.0.hook_resid_pre")
+             & (iv.metric == "accuracy")].value.iloc[0]  # fmt: skip
+    row = next(
+        ln for ln in text.splitlines() if ln.startswith("| delayed_memory | recurrent | 0 |")
+    )
+    assert f"{100 * probe0:.1f} %" in row and f"{100 * er0:.1f} %" in row

@@ -61,19 +61,3 @@ def test_full_recurrence_errors_of_the_default_model():
     model, _ = resolve_model("default")
     r = _check_against_eval(model.eval(), n_groups=16, passes=6)
     assert len(r["wrong"]) <= 0.08 * r["n_prompts"]
-
-
-def test_feedback_swap_is_inert_without_feedback():
-    # with fusion "none" the fed-back state reaches nothing: swapping it in or zeroing it
-    # leaves pass 2's answer as it was, so 'keep' and 'zeroed' equal 'pass2' and 'follow'
-    # is its complement (the labels are binary)
-    from fbt_probe.config import build_cfg
-
-    swap = _script("feedback_swap")
-    for fusion in ("none", "gated"):
-        m = FBTModel(build_cfg(fusion=fusion, n_ctx=320), seed=1).eval()
-        r = swap.swap_test(m, n=18, seed=0)
-        assert all(0.0 <= v <= 1.0 for v in r.values())
-        if fusion == "none":
-            assert r["keep"] == r["pass2"] == r["zeroed"]
-            assert r["follow"] == pytest.approx(1 - r["pass2"])
