@@ -498,7 +498,9 @@ def intervene(
 
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
         if probes_dir is not None:
-            raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
+            raise ValueError(
+                "--random-init: saved probes belong to the trained model; drop --probes"
+            )
     with lazy_progress("intervene", 1, delay=0.0) as bar:
         df = run_intervene(m, name, [(t, p) for t in task_list for p in prefills], out, data=data_map,
                            probes_dir=probes_dir, seed=seed, batch_size=batch_size, progress=bar)  # fmt: skip

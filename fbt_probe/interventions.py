@@ -18,6 +18,7 @@ inference; forcing ``fusion.hook_state`` at every later position to the clean va
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ class Trace:
     logits: torch.Tensor  # (batch, pos, d_vocab)
     cache: KVCache | None  # keys and values of the last pass (None: not kept)
     pristine: tuple[torch.Tensor, torch.Tensor] | None = None  # a copy the patched runs restore
+    resid: torch.Tensor | None = None  # (n_layers, batch, pos, d_model) each block's input
 
     @property
     def fed(self) -> torch.Tensor | None:
@@ -56,7 +58,7 @@ class Trace:
         return None if self.prev is None else shift(self.prev)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def clean_run(
     model: FBTModel, tokens: torch.Tensor, passes: int | None, keep_cache: bool = True
 ) -> Trace:
@@ -67,32 +69,49 @@ def clean_run(
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, None, tokens.device)
     prev = None
-    if passes is None:
-        out = run_recurrence(model, tokens, cache=cache)
-    else:
-        if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
-        for k in range(passes - 1):
-            prev = model.feedback_pass(emb, prev, plain=plain, pass_index=k).states
-        out = model.feedback_pass(emb, prev, plain=plain, cache=cache, pass_index=passes - 1)
+    resid = None
+    hooks = []
+    if keep_cache:  # every block's input in the last pass, for patched runs from a depth
+        resid = emb.new_zeros(model.cfg.n_layers, B, T, emb.shape[-1])
+
+        def keep(x, hook, layer):
+            if hook.ctx.get("pass") in (None, (passes or 1) - 1):
+                off = int(hook.ctx.get("offset", 0))
+                resid[layer, :, off : off + x.shape[1]] = x
+
+        hooks = [(f"blocks.{i}.hook_resid_pre", functools.partial(keep, layer=i))
+                 for i in range(model.cfg.n_layers)]  # fmt: skip
+    with model.hooks(fwd_hooks=hooks):
+        if passes is None:
+            out = run_recurrence(model, tokens, cache=cache)
+        else:
+            if passes < 1:
+                raise ValueError(f"passes must be >= 1, got {passes}")
+            for k in range(passes - 1):
+                prev = model.feedback_pass(emb, prev, plain=plain, pass_index=k).states
+            out = model.feedback_pass(emb, prev, plain=plain, cache=cache, pass_index=passes - 1)
     pristine = (cache.k.clone(), cache.v.clone()) if cache is not None else None
-    return Trace(passes, emb, plain, prev, out.states, out.logits, cache, pristine)
+    return Trace(passes, emb, plain, prev, out.states, out.logits, cache, pristine, resid)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def patched_run(
     model: FBTModel,
     trace: Trace,
     start: int,
     hooks: list[tuple[str, Callable]] = (),
     emb: torch.Tensor | None = None,
+    from_layer: int = 0,
 ) -> torch.Tensor:
     """Re-run the last pass (or the recurrence) of ``trace`` from position ``start`` on, with
     ``hooks`` active and ``emb`` (default: the clean embeddings) as the token embeddings.
     Returns the logits of positions [start, pos): (batch, pos - start, d_vocab).
 
     Positions before ``start`` are not recomputed: a patch must not touch them (their keys
-    and values come from the clean run)."""
+    and values come from the clean run). ``from_layer`` > 0 also skips the blocks below that
+    one, starting from the clean run's input to it: right for a patch at that depth or
+    above, in a Jacobi pass (a block only reads the blocks below it, at the same or earlier
+    positions) and in the recurrence as long as no position after a patched one is read."""
     if trace.cache is None:
         raise ValueError("this trace kept no keys and values (clean_run(keep_cache=True))")
     T = trace.emb.shape[1]
@@ -102,6 +121,8 @@ def patched_run(
     cache = trace.cache
     try:
         with model.hooks(fwd_hooks=list(hooks)):
+            if from_layer > 0:
+                return _from_layer(model, trace, start, from_layer)
             if trace.passes is None:
                 carry = trace.states[:, start - 1 : start] if start > 0 else None
                 logits = []
@@ -137,6 +158,19 @@ def patched_run(
     finally:  # the next patched run reads the clean keys and values again
         cache.k[..., start:, :].copy_(trace.pristine[0][..., start:, :])
         cache.v[..., start:, :].copy_(trace.pristine[1][..., start:, :])
+
+
+def _from_layer(model: FBTModel, trace: Trace, start: int, layer: int) -> torch.Tensor:
+    """The blocks from ``layer`` up, on the clean inputs of that block, from ``start`` on."""
+    x = trace.resid[layer]
+    if trace.passes is not None:
+        model.set_context(trace.passes - 1, None, start)
+        return model.stack(x[:, start:], start, trace.cache, from_layer=layer).logits
+    logits = []
+    for t in range(start, x.shape[1]):
+        model.set_context(None, t, t)
+        logits.append(model.stack(x[:, t : t + 1], t, trace.cache, from_layer=layer).logits)
+    return torch.cat(logits, dim=1)
 
 
 def replace_where(

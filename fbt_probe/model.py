@@ -237,14 +237,19 @@ class FBTModel(HookedRootModule):
         for hp in self._hook_points:
             hp.ctx.update(self.context)
 
-    def stack(self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None) -> PassOutput:
-        """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos)."""
+    def stack(
+        self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None, from_layer: int = 0
+    ) -> PassOutput:
+        """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos).
+
+        ``from_layer`` > 0: x is the input of that block and the blocks below are skipped
+        (an intervention at that depth re-runs only what it can change)."""
         if offset + x.shape[1] > self.cfg.n_ctx:
             raise ValueError(
                 f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
             )
         rope = self.rope
-        for block in self.blocks:
+        for block in self.blocks[from_layer:]:
             x = block(x, rope, offset, cache)
         h = self.ln_final(x)
         if cache is not None:

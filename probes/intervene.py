@@ -336,14 +336,15 @@ def specs(
     donor_fed: torch.Tensor | None,
     tools: dict[int, DepthTools] | None,
     hooks_by_depth: list[str],
-) -> Iterator[tuple[Key, int, list, torch.Tensor | None]]:
-    """Every patched run of one batch: (key, start, hooks, embeddings or None)."""
+) -> Iterator[tuple[Key, int, list, torch.Tensor | None, int]]:
+    """Every patched run of one batch: (key, start, hooks, embeddings or None, the block the
+    run may start from)."""
     c, w = b.clean, b.twin
     t = b.positions().to(b.answer.device)
     feedback = c.fed is not None
     if feedback:
         upto = window_mask("all", b)
-        yield Key("self", STATE_HOOK, "all"), 1, [(STATE_HOOK, replace_where(upto, c.fed))], None
+        yield Key("self", STATE_HOOK, "all"), 1, [(STATE_HOOK, replace_where(upto, c.fed))], None, 0
         for name in WINDOWS:
             m = window_mask(name, b)
             s = first_true(m)
@@ -361,6 +362,7 @@ def specs(
                     s,
                     [(STATE_HOOK, replace_where(m, values[kind]))],
                     None,
+                    0,
                 )
             if passes is None and name in EARLY_WINDOWS:  # the recurrence, without propagation
                 later = t >= s
@@ -370,20 +372,26 @@ def specs(
                     s,
                     [(STATE_HOOK, replace_where(later, v))],
                     None,
+                    0,
                 )
     at_label = t == b.label_pos[:, None]
     s = int(b.label_pos.min())
     emb = torch.where(at_label[..., None], w.emb, c.emb)
     keep = [(STATE_HOOK, replace_where(t >= s, c.fed))] if passes is None else []
-    yield Key("interchange_token", TOKEN_SITE, "label_token"), s, keep, emb
+    yield Key("interchange_token", TOKEN_SITE, "label_token"), s, keep, emb, 0
     if not feedback:
-        yield Key("self", TOKEN_SITE, "label_token"), s, [], c.emb
+        yield Key("self", TOKEN_SITE, "label_token"), s, [], c.emb, 0
     if tools is None:
         return
     colon = t == b.colon[:, None]
     s = int(b.colon.min())
+    # a patch at depth d leaves the blocks below it as they were, in a Jacobi pass always, in
+    # the recurrence when nothing after the colon is read (the answer is at the colon)
+    skip = passes is not None or bool((b.answer == b.colon).all())
+    n_layers = len(hooks_by_depth) - 1
     for d, hook in enumerate(hooks_by_depth):
         tl = tools[d]
+        first = min(d, n_layers - 1) if skip else 0
         sel = lambda x: x[torch.as_tensor(b.idx)].to(b.answer.device)  # noqa: E731
         L, R, bias, Q = (
             sel(tl.erase_left),
@@ -400,12 +408,19 @@ def specs(
             delta = x - bias[:, None, :]
             return x - torch.einsum("bnk,bdk->bnd", torch.einsum("bnd,bdk->bnk", delta, Q), Q)
 
-        yield Key("erase_probe", hook, "colon"), s, [(hook, replace_where(colon, leace))], None
+        yield (
+            Key("erase_probe", hook, "colon"),
+            s,
+            [(hook, replace_where(colon, leace))],
+            None,
+            first,
+        )
         yield (
             Key("erase_random", hook, "colon"),
             s,
             [(hook, replace_where(colon, random_erase))],
             None,
+            first,
         )
         for alpha in ALPHAS:
             for name, u in (("steer_probe", unit), ("steer_random", rnd)):
@@ -419,6 +434,7 @@ def specs(
                     s,
                     [(hook, replace_where(colon, steer))],
                     None,
+                    first,
                 )
 
 
@@ -451,7 +467,7 @@ def donor_states(b: Batch, fed: list[torch.Tensor], answers: list, donor: dict) 
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def run_battery(
     model: FBTModel,
     ds: Dataset,
@@ -525,9 +541,11 @@ def run_battery(
     by_kind: dict[str, float] = {}
     for k, b in enumerate(bs):
         dfed = donor_states(b, fed, answers, donor) if donor else None
-        for key, start, hooks, emb in specs(b, passes, mean_state, dfed, tools, hooks_by_depth):
+        for key, start, hooks, emb, first in specs(
+            b, passes, mean_state, dfed, tools, hooks_by_depth
+        ):
             t1 = time.monotonic()
-            logits = patched_run(model, b.clean, start, hooks, emb)
+            logits = patched_run(model, b.clean, start, hooks, emb, from_layer=first)
             rec.put(key, b.idx, _answer_logits(logits, b, start), pairs)
             by_kind[key.intervention] = by_kind.get(key.intervention, 0.0) + time.monotonic() - t1
             n_runs += 1

@@ -323,3 +323,23 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     after = np.mean(LogisticProbe(1.0).fit(E[tr], y[tr]).predict(E[te]) == y[te])
     assert before > 0.95
     assert after < 0.65  # chance is 0.5; 30 held-out examples
+
+
+@pytest.mark.parametrize("passes", [1, 2, None])
+def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
+    # a patch at depth d re-runs only the blocks from d up; it must give what re-running every
+    # block gives (the recurrence: with the answer at the colon, nothing after it is read)
+    m = _model()
+    _, _, b = _batch("delayed_memory", counts=(5,), tmp=tmp_path)
+    c = clean_run(m, b.tokens, passes)
+    colon = b.positions() == b.colon[:, None]
+    s = int(b.colon.min())
+    push = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    for d, hook in enumerate(
+        ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
+    ):
+        hooks = [(hook, replace_where(colon, lambda x: x + push))]
+        whole = patched_run(m, c, s, hooks)
+        part = patched_run(m, c, s, hooks, from_layer=min(d, 1))
+        torch.testing.assert_close(part, whole, atol=1e-5, rtol=0)
+        assert (whole - c.logits[:, s:]).abs().max() > 1e-3  # the patch did something
