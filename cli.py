@@ -492,6 +492,12 @@ def intervene(
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")
     check_output_dir(out)  # before any work, not after it
+    if random_init and probes_dir is not None:
+        raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
+    if probes_dir is not None:
+        from probes.artifacts import load_probes
+
+        load_probes(probes_dir)  # a missing or unreadable folder fails now, not after work
     m, name = resolve_model(model, resolve_device(device))
     if random_init:
         from fbt_probe.registry import random_init_like

@@ -487,6 +487,12 @@ def run_battery(
     model.eval()
     device = next(model.parameters()).device
     pairs = pairs_of(ds)
+    n_groups = len(np.unique(pairs.groups))
+    if probe_interventions and n_groups < folds:
+        raise ValueError(
+            f"{ds.task}: {n_groups} groups have twins, too few for {folds} grouped folds (the "
+            "erasers and directions are cross-fitted); generate more groups"
+        )
     bs = batches(pairs, batch_size, device)
     hooks_by_depth = depth_hooks(model)
 

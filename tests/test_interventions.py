@@ -292,6 +292,17 @@ def test_intervene_refuses_a_dataset_without_twins(tmp_path):
     assert not (tmp_path / "iv" / "interventions.csv").exists()
     r = _cli("intervene", "--prefill", "sideways", "--out", str(tmp_path / "iv"), cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: unknown prefill 'sideways'")
+    r = _cli("intervene", "--probes", str(tmp_path / "nowhere"), "--out", str(tmp_path / "iv"),
+             cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("error: no saved probes in")
+    few = tmp_path / "few.parquet"
+    generate_dataset("delayed_memory", few, n_groups=3, distractors=(1,), seed=1, twins=True)
+    r = _cli("intervene", "--data", str(few), "--out", str(tmp_path / "iv"), cwd=tmp_path)
+    assert r.returncode == 1 and "too few for 5 grouped folds" in r.stderr
+    assert (
+        len(r.stderr.strip().splitlines()) == 1
+        and not (tmp_path / "iv" / "interventions.csv").exists()
+    )
 
 
 def test_delayed_memory_twin_is_the_other_bit():
@@ -343,3 +354,28 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
         part = patched_run(m, c, s, hooks, from_layer=min(d, 1))
         torch.testing.assert_close(part, whole, atol=1e-5, rtol=0)
         assert (whole - c.logits[:, s:]).abs().max() > 1e-3  # the patch did something
+
+
+def test_steering_uses_a_fits_saved_probes(tmp_path):
+    from fbt_probe.registry import resolve_model
+    from probes.artifacts import find, load_probes
+    from probes.intervene import class_vectors, run_intervene
+    from probes.run import run_fit
+
+    model, name = resolve_model("default")
+    data = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=12,
+                            distractors=(1, 6), seed=2, twins=True)  # fmt: skip
+    run_fit(model, name, ("delayed_memory",), ("recurrent",), {"delayed_memory": data},
+            tmp_path / "fit", controls=False, per_count=False, cache_dir=tmp_path / "c")  # fmt: skip
+    df = run_intervene(model, name, [("delayed_memory", "recurrent")], tmp_path / "iv",
+                       data={"delayed_memory": data}, probes_dir=tmp_path / "fit",
+                       cache_dir=tmp_path / "c")  # fmt: skip
+    meta = json.loads((tmp_path / "iv" / "interventions.json").read_text())
+    assert meta["runs"][0]["directions"] == "saved probes"
+    assert meta["probes"] == str(tmp_path / "fit")
+    # a binary probe's direction towards its second class is its weight vector
+    p = find(load_probes(tmp_path / "fit"), prefill="recurrent", depth=0)
+    first, second = p.meta["classes"]
+    vec = class_vectors(p.direction(), p.meta["classes"])
+    np.testing.assert_allclose(vec[second] - vec[first], p.direction()[0])
+    assert set(df.intervention) == set(INTERVENTIONS)
