@@ -379,8 +379,10 @@ def train(
         opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]
     write_text(out / "train_config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
-    with open(out / "command.txt", "a") as f:
-        f.write(shlex.join(argv if argv is not None else sys.argv) + "\n")
+    # one line per start of this run folder, the file replaced whole (never half a line)
+    command = out / "command.txt"
+    before = command.read_text() if command.is_file() else ""
+    write_text(command, before + shlex.join(argv if argv is not None else sys.argv) + "\n")
     stream = cfg.stream()
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()

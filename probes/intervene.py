@@ -438,12 +438,18 @@ def specs(
                 )
 
 
-def donors(pairs: Pairs, bs: list[Batch]) -> dict[int, tuple[int, int]]:
-    """For resample_state: each example's donor, the next one in length order from another
-    group (wrapping round): {pair index: (batch number, row)}."""
+def donors(pairs: Pairs, bs: list[Batch], seed: int) -> dict[int, tuple[int, int]]:
+    """For resample_state: each example's donor, drawn at random from the examples of its
+    batch (nearly the same length) in other groups; where a batch holds one group only, the
+    next example in length order from another group: {pair index: (batch number, row)}."""
+    rng = np.random.default_rng(seed)
     order = [(bi, j, int(i)) for bi, b in enumerate(bs) for j, i in enumerate(b.idx)]
     out = {}
-    for k, (_, _, i) in enumerate(order):
+    for k, (bi, _, i) in enumerate(order):
+        others = np.flatnonzero(pairs.groups[bs[bi].idx] != pairs.groups[i])
+        if len(others):
+            out[i] = (bi, int(rng.choice(others)))
+            continue
         for step in range(1, len(order)):
             bj, j, other = order[(k + step) % len(order)]
             if pairs.groups[other] != pairs.groups[i] or step == len(order) - 1:
@@ -509,7 +515,7 @@ def run_battery(
         if progress is not None:
             progress(k + 1, len(bs), f"{ds.task} {prefill}: clean and twin runs")
     mean_state = (total_state / max(count, 1)).float().to(device)
-    donor = donors(pairs, bs) if bs[0].clean.fed is not None else {}
+    donor = donors(pairs, bs, seed) if bs[0].clean.fed is not None else {}
     fed = [b.clean.fed for b in bs] if donor else []
     answers = [b.answer for b in bs]
     rec = Record(len(pairs))
