@@ -311,6 +311,23 @@ def eval_(
             )
 
 
+def tasks_and_data(task: str, data: Path | None) -> tuple[tuple[str, ...], dict | None]:
+    """The tasks a command runs on (``--task``: a name, a comma-separated list or 'all') and,
+    with ``--data``, the one dataset file given for its task."""
+    from tasks import get_task, task_names
+    from tasks.dataset import load
+
+    if data is not None:
+        ds_task = load(data).task
+        if task not in ("all", ds_task):
+            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
+        return (ds_task,), {ds_task: data}
+    task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    for t in task_list:
+        get_task(t)
+    return task_list, None
+
+
 @app.command()
 @user_errors
 def fit(
@@ -352,8 +369,6 @@ def fit(
     from fbt_probe.registry import resolve_model
     from probes.results import format_layer0, layer0_table
     from probes.run import run_fit
-    from tasks import get_task, task_names
-    from tasks.dataset import load
 
     prefills = (
         ("standard", "recurrent", "full")
@@ -365,16 +380,7 @@ def fit(
             raise ValueError("--passes must be in 1..1000")
         prefills = prefills + (f"k{passes}",)
     prefills = tuple(dict.fromkeys(prefills))  # a prefill named twice is fitted once
-    data_map = None
-    if data is not None:
-        ds_task = load(data).task
-        if task not in ("all", ds_task):
-            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
-        task_list, data_map = (ds_task,), {ds_task: data}
-    else:
-        task_list = task_names() if task == "all" else (task,)
-    for t in task_list:
-        get_task(t)
+    task_list, data_map = tasks_and_data(task, data)
     if folds < 2:
         raise ValueError("--folds must be at least 2")
     if seed < 0:
@@ -466,8 +472,8 @@ def intervene(
     from probes.extract import parse_prefill
     from probes.intervene import headline, run_intervene
     from probes.intervene_plot import plot_interventions
-    from tasks import get_task, task_names
-    from tasks.dataset import check_output_dir, load
+    from tasks import get_task
+    from tasks.dataset import check_output_dir
 
     prefills = (
         ("standard", "recurrent", "full")
@@ -478,14 +484,7 @@ def intervene(
         passes = parse_prefill(p)
         if passes is not None and passes > 1000:
             raise ValueError("--prefill k<N>: N must be in 1..1000")
-    data_map = None
-    if data is not None:
-        ds_task = load(data).task
-        if task not in ("all", ds_task):
-            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
-        task_list, data_map = (ds_task,), {ds_task: data}
-    else:
-        task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    task_list, data_map = tasks_and_data(task, data)
     for t in task_list:
         if not hasattr(get_task(t), "twin"):
             raise ValueError(f"task {t} defines no twins, so it cannot be intervened on")
