@@ -218,20 +218,26 @@ def train(
     if as_default and stop_after is not None and stop_after < cfg.steps:
         fail(f"--as-default needs the whole run: --stop-after {stop_after} < steps {cfg.steps}")
     out = out or Path("runs") / cfg.name
+    from fbt_probe.distributed import world_from_env
+
+    world = world_from_env(resolve_device(device))  # under torchrun: this rank of the world
     with lazy_progress(f"train {cfg.name}", cfg.steps, delay=0.0) as bar:
         try:
             metrics = run_train(
                 cfg,
                 out,
                 resume=resume,
-                progress=bar,
+                progress=bar if world.main else None,
                 stop_after=stop_after,
                 argv=["fbt-probe", *sys.argv[1:]],
                 device=device,
                 max_minutes=max_minutes,
+                world=world,
             )
         except Divergence as e:
             fail(str(e))
+    if not world.main:
+        return  # rank 0 reports
     ev = metrics["final_eval"]
     typer.echo(
         f"trained {metrics['steps_done']}/{cfg.steps} steps into {out}; held-out answer accuracy (teacher-forced):"

@@ -202,6 +202,7 @@ class FBTModel(HookedRootModule):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.context = {"pass": 0, "step": None, "offset": 0}  # what the hooks are firing for
+        self.noise_layout: tuple[int, int, int] | None = None  # training on a shard (_jitter_noise)
         self.init_weights(seed)
         self.setup()
         self._hook_points = list(self.hook_dict.values())
@@ -267,9 +268,19 @@ class FBTModel(HookedRootModule):
         if self.cfg.fusion == "none":
             return emb
         if self.training and self.cfg.jitter > 0:
-            prev_states = prev_states + (torch.rand_like(prev_states) * 2 - 1) * self.cfg.jitter
+            prev_states = prev_states + (self._jitter_noise(prev_states) * 2 - 1) * self.cfg.jitter
         fused = self.fusion(prev_states, emb)
         return fused if plain is None else torch.where(plain[..., None], emb, fused)
+
+    def _jitter_noise(self, x: torch.Tensor) -> torch.Tensor:
+        """Uniform [0, 1) noise shaped like x. Under ``noise_layout`` (global batch, global
+        length, first row), the rows and positions x holds of the noise the whole batch would
+        draw: a shard of a batch gets exactly the noise it gets in one process."""
+        if self.noise_layout is None:
+            return torch.rand_like(x)
+        B, T, first = self.noise_layout
+        full = torch.rand(B, T, x.shape[-1], dtype=x.dtype, device=x.device)
+        return full[first : first + x.shape[0], : x.shape[1]]
 
     def feedback_pass(
         self,

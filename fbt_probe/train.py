@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.checkpoint import save_model, write_text
+from fbt_probe.distributed import World, rank_device, rows
 from fbt_probe.model import FBTModel
 from fbt_probe.recipes import named_config  # noqa: F401  (re-exported: the recipes by name)
 from fbt_probe.recurrence import run_recurrence
@@ -209,11 +210,15 @@ def multipass_loss(
     prefix_len=None,
     init_states: torch.Tensor | None = None,
     first_pass: int = 0,
+    counts: tuple[int, int, int] | None = None,
 ):
     """Sum over passes of the (answer-weighted) mean next-token loss; per-pass stats.
 
     With ``init_states`` the forward continues from those states (a fixed-point batch);
-    ``first_pass`` is the index of its first pass, which picks the answer weights."""
+    ``first_pass`` is the index of its first pass, which picks the answer weights.
+    ``counts`` (targets, answer targets, examples) of the whole step's batch, when ``batch``
+    is a part of it (a rank's shard, a micro-batch): every mean is then taken over the whole
+    batch, so the loss and the stats of the parts add up to those of the whole."""
     out = model(
         batch.tokens,
         passes=passes,
@@ -231,18 +236,36 @@ def multipass_loss(
         weights = cfg.objective.answer_weight
         aw = weights[min(k, len(weights) - 1)]
         w = valid.float() + batch.answer.float() * (aw - 1.0)
-        loss = (ce * w).sum() / w.sum()
+        if counts is None:
+            loss = (ce * w).sum() / w.sum()
+        else:
+            loss = (ce * w).sum() / (counts[0] + counts[1] * (aw - 1.0))
         total = total + loss
         with torch.no_grad():
             pred = p.logits.argmax(-1)
             correct = ((pred == batch.targets) | ~batch.answer).all(dim=1)
-            stats.append(
-                {
-                    "loss": float((ce * valid).sum() / valid.sum()),
-                    "answer_acc": float(correct.float().mean()),
-                }
-            )
+            if counts is None:
+                stats.append(
+                    {
+                        "loss": float((ce * valid).sum() / valid.sum()),
+                        "answer_acc": float(correct.float().mean()),
+                    }
+                )
+            else:
+                stats.append(
+                    {
+                        "loss": float((ce * valid).sum()) / counts[0],
+                        "answer_acc": float(correct.sum()) / counts[2],
+                    }
+                )
     return total, stats
+
+
+def batch_counts(examples: list[Example]) -> tuple[int, int, int, int]:
+    """(targets, answer targets, examples, padded length) of the batch ``make_batch`` makes."""
+    lens = [len(ex.tokens) for ex in examples]
+    answers = sum(n - 1 - ex.colon_index for n, ex in zip(lens, examples, strict=True))
+    return sum(n - 1 for n in lens), answers, len(examples), max(lens)
 
 
 # ---- evaluation during training (teacher-forced answers, every pass) ---------------------
@@ -318,6 +341,7 @@ def train(
     argv: list[str] | None = None,
     device: str = "cpu",
     max_minutes: float = 0.0,
+    world: World | None = None,
 ) -> dict:
     """Train ``cfg`` into ``out_dir``; returns the final metrics.
 
@@ -328,10 +352,14 @@ def train(
     at that step (with a checkpoint), as an interruption would; so does ``max_minutes`` of
     wall time (0 = no limit), a property of the run, not of the recipe. On NaN or divergence the
     run stops with ``Divergence`` and the last good checkpoint stays in place.
+
+    ``world`` (``fbt_probe.distributed``): under torchrun each rank trains on its rows of
+    every step's batch inside DistributedDataParallel, and only rank 0 writes.
     """
     out = Path(out_dir)
     state_path = out / "state.pt"
-    dev = resolve_device(device)  # before anything is written
+    world = world or World()
+    dev = rank_device(resolve_device(device), world)  # before anything is written
     from tasks.dataset import check_output_dir
 
     check_output_dir(out)
@@ -341,12 +369,26 @@ def train(
         )
     if resume and not state_path.is_file():
         raise FileNotFoundError(f"nothing to resume: {out} has no checkpoint (state.pt)")
+    parts = world.size * cfg.optim.accum
+    sizes = {"data.batch_size": cfg.data.batch_size}
+    if cfg.deep_batches.passes:
+        sizes["deep_batches.batch_size"] = cfg.deep_batches.batch_size
+    if any((ph.fixed_point or 0) > 0 for ph in cfg.schedule):
+        sizes["fixed_point.batch_size"] = cfg.fixed_point.batch_size
+    for key, n in sizes.items():
+        if n < parts:
+            raise ValueError(
+                f"{key} {n} cannot be split in {world.size} ranks x {cfg.optim.accum} "
+                "micro-batches (optim.accum): every part needs an example"
+            )
+    world.barrier()  # every rank has checked before rank 0 writes anything
     model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
     frozen = frozen_parameters(model, cfg.schedule)  # checked before anything is written
     model = model.to(dev)
-    out.mkdir(parents=True, exist_ok=True)
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -378,11 +420,21 @@ def train(
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]
-    write_text(out / "train_config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
-    # one line per start of this run folder, the file replaced whole (never half a line)
-    command = out / "command.txt"
-    before = command.read_text() if command.is_file() else ""
-    write_text(command, before + shlex.join(argv if argv is not None else sys.argv) + "\n")
+    if world.main:
+        write_text(out / "train_config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+        # one line per start of this run folder, the file replaced whole (never half a line)
+        command = out / "command.txt"
+        before = command.read_text() if command.is_file() else ""
+        write_text(command, before + shlex.join(argv if argv is not None else sys.argv) + "\n")
+    net = model
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # find_unused_parameters: a one-pass step never reaches the fusion's parameters, and
+        # which steps are one-pass changes along the schedule, so the graph is not static
+        # (static_graph would assume every step uses the same parameters)
+        net = DistributedDataParallel(model, find_unused_parameters=True)
+    sharded = world.size > 1 or cfg.optim.accum > 1
     stream = cfg.stream()
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()
@@ -394,21 +446,27 @@ def train(
     for step in range(start, end):
         draw = draw_step(cfg, stream, step)
         passes, warm = draw.passes, draw.warm
-        batch = make_batch(draw.examples).to(dev)
-        prefix = None if draw.prefix is None else torch.tensor(draw.prefix, device=dev)
-        torch.manual_seed(draw.jitter_seed)  # jitter noise, reproducible per step
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
-        loss, stats = multipass_loss(model, batch, passes, cfg, prefix, init, first_pass=warm)
-        lv = loss.item()
+        if sharded:
+            opt.zero_grad(set_to_none=True)
+            lv, stats, n_tokens = sharded_step(net, model, draw, cfg, world, dev)
+        else:
+            batch = make_batch(draw.examples).to(dev)
+            n_tokens = batch.n_tokens
+            prefix = None if draw.prefix is None else torch.tensor(draw.prefix, device=dev)
+            torch.manual_seed(draw.jitter_seed)  # jitter noise, reproducible per step
+            init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
+            loss, stats = multipass_loss(model, batch, passes, cfg, prefix, init, first_pass=warm)
+            lv = loss.item()
         if diverged(lv / passes, recent):
             raise Divergence(
                 f"training diverged at step {step} (loss per pass {lv / passes:.4g}, recent median "
                 f"{np.median(recent) if recent else float('nan'):.4g}); the last good checkpoint is in {out}"
             )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if not sharded:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         for prefix_name in draw.plan.frozen:
             for p in frozen[prefix_name]:
                 p.grad = None  # AdamW skips it: no update, no weight decay
@@ -420,7 +478,7 @@ def train(
         opt.step()
         recent = (recent + [lv / passes])[-200:]
         # the exact recurrence runs each token through the stack once, Jacobi warm-up ``warm`` times
-        tokens_seen += batch.n_tokens * (passes + (min(warm, 1) if cfg.fixed_point.exact else warm))
+        tokens_seen += n_tokens * (passes + (min(warm, 1) if cfg.fixed_point.exact else warm))
         # a fixed-point batch's stats go under "fp" (its last pass), not under its pass index
         for k, s in [("fp", stats[-1])] if warm else enumerate(stats, start=1):
             prev = running.get(k, s)
@@ -437,10 +495,10 @@ def train(
             rec.update({f"fp/{m}": v for m, v in stats[-1].items()})
         else:
             rec.update({f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()})
-        if (step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps:
+        if world.main and ((step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps):
             rec["eval"] = quick_eval(model, cfg)
         history.append(rec)
-        if progress is not None:
+        if progress is not None and world.main:
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
             info = "  ".join(
                 f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
@@ -449,12 +507,23 @@ def train(
                 )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
-        if (step + 1) % cfg.run.checkpoint_every == 0:
+        if world.main and (step + 1) % cfg.run.checkpoint_every == 0:
             _save_state(state_path, model, opt, step + 1, history)
-        if max_minutes and (time.monotonic() - t0) / 60 > max_minutes:
-            _save_state(state_path, model, opt, step + 1, history)
+        # every rank stops at the same step: rank 0's clock decides
+        if (
+            max_minutes
+            and world.all_sum(
+                [float(world.main and (time.monotonic() - t0) / 60 > max_minutes)], dev
+            )[0]
+        ):
+            if world.main:
+                _save_state(state_path, model, opt, step + 1, history)
             break
     final_step = history[-1]["step"] if history else start
+    if not world.main:
+        world.barrier()  # rank 0 writes the checkpoint, the metrics and the model
+        return {"steps_done": final_step, "steps": cfg.steps, "finished": final_step >= cfg.steps,
+                "final_eval": {}, "history": history, "world_size": world.size}  # fmt: skip
     _save_state(state_path, model, opt, final_step, history)
     model.eval()
     metrics = {
@@ -471,6 +540,9 @@ def train(
         "threads": torch.get_num_threads(),
         "wall_seconds_this_call": time.monotonic() - t0,
         "max_minutes": max_minutes,
+        "world_size": world.size,
+        "accum": cfg.optim.accum,
+        "per_rank_batch": -(-cfg.data.batch_size // world.size),
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
         "final_eval": quick_eval(model, cfg),
         "history": history,
@@ -485,7 +557,49 @@ def train(
             "git_revision": metrics["git_revision"],
         },
     )
+    world.barrier()
     return metrics
+
+
+def sharded_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: World, dev):
+    """Forward and backward of this rank's rows of a step's batch, as ``optim.accum``
+    micro-batches; the gradients (averaged by DDP over the ranks) are those of the whole
+    batch. Returns the whole batch's loss, per-pass stats and token count (summed over the
+    ranks)."""
+    from contextlib import nullcontext
+
+    full = draw.examples
+    n_valid, n_answer, n, T = batch_counts(full)
+    lo, hi = rows(n, world.rank, world.size)
+    loss_sum, stats_sum, tokens = 0.0, None, 0
+    for m in range(cfg.optim.accum):
+        a, b = rows(hi - lo, m, cfg.optim.accum)
+        a, b = lo + a, lo + b
+        mb = make_batch(full[a:b]).to(dev)
+        prefix = None if draw.prefix is None else torch.tensor(draw.prefix[a:b], device=dev)
+        torch.manual_seed(draw.jitter_seed)  # each part draws the whole batch's noise...
+        model.noise_layout = (n, T, a)  # ...and keeps its own rows of it
+        try:
+            init = warm_states(model, mb, draw.warm, cfg.fixed_point.exact) if draw.warm else None
+            last = m == cfg.optim.accum - 1
+            sync = nullcontext() if last or world.size == 1 else net.no_sync()
+            with sync:
+                loss, stats = multipass_loss(net, mb, draw.passes, cfg, prefix, init,
+                                             first_pass=draw.warm, counts=(n_valid, n_answer, n))  # fmt: skip
+                (loss * world.size).backward()  # DDP averages over ranks: undo it
+        finally:
+            model.noise_layout = None
+        loss_sum += loss.item()
+        tokens += mb.n_tokens
+        flat = [v for st in stats for v in st.values()]
+        stats_sum = (
+            flat if stats_sum is None else [x + y for x, y in zip(stats_sum, flat, strict=True)]
+        )
+    total = world.all_sum([loss_sum, float(tokens), *stats_sum], dev)
+    keys = list(stats[0])
+    merged = [dict(zip(keys, total[2 + i * len(keys) : 2 + (i + 1) * len(keys)], strict=True))
+              for i in range(len(stats))]  # fmt: skip
+    return total[0], merged, int(total[1])
 
 
 def initial_weights(cfg: TrainConfig) -> FBTModel:

@@ -32,9 +32,13 @@ class OptimConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    # gradient accumulation: each rank's share of a step's batch runs as this many
+    # micro-batches, so a global batch larger than memory allows stays the recipe's
+    accum: int = 1
 
     def __post_init__(self):
         _need(self.lr > 0 and 0 < self.min_lr_frac <= 1, "optim: lr > 0 and 0 < min_lr_frac <= 1")
+        _need(self.accum >= 1, "optim.accum must be >= 1")
         _need(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
         _need(
             self.weight_decay >= 0 and self.grad_clip > 0, "optim: weight_decay >= 0, grad_clip > 0"

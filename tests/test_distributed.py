@@ -1,0 +1,106 @@
+"""Training under torch.distributed (gloo, 2 processes on this machine) equals one process on
+the same global batch; gradient accumulation equals the whole batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from fbt_probe.recipes import load_recipe
+from fbt_probe.train import train
+
+STEPS = 20
+
+
+def _cfg(**extra):
+    # jitter on, so that a shard must draw exactly its rows of the whole batch's noise
+    sets = {"steps": STEPS, "model.jitter": 0.5, "run.eval_every": 1000, **extra}
+    return load_recipe("tiny").with_overrides(sets)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, size: int, port: int, cfg_dict: dict, out: str, resume: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
+    import torch.distributed as dist
+
+    from fbt_probe.distributed import world_from_env
+    from fbt_probe.train_config import TrainConfig
+
+    torch.set_num_threads(1)
+    world = world_from_env(torch.device("cpu"))
+    try:
+        train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(size: int, cfg, out: Path, resume: bool = False) -> None:
+    """Train ``cfg`` on ``size`` gloo processes on 127.0.0.1 (a free port)."""
+    mp.spawn(_worker, args=(size, _free_port(), cfg.to_dict(), str(out), resume), nprocs=size,
+             join=True)  # fmt: skip
+
+
+def _losses(run: Path) -> np.ndarray:
+    return np.array([h["loss"] for h in json.loads((run / "metrics.json").read_text())["history"]])
+
+
+def _weights(run: Path) -> dict:
+    return load_file(str(run / "model" / "model.safetensors"))
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    la, lb = _losses(a), _losses(b)
+    assert len(la) == len(lb) == STEPS
+    np.testing.assert_allclose(lb, la, rtol=1e-5, atol=0)
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "one"
+    train(_cfg(), out)
+    return out
+
+
+def test_two_gloo_processes_equal_one_process(single, tmp_path):
+    run_distributed(2, _cfg(), tmp_path / "two")
+    _assert_same_run(single, tmp_path / "two")
+    metrics = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["per_rank_batch"] == 4
+    # only rank 0 wrote: one command line, no stray files
+    assert len((tmp_path / "two" / "command.txt").read_text().splitlines()) == 1
+
+
+def test_gradient_accumulation_equals_the_whole_batch(single, tmp_path):
+    train(_cfg(**{"optim.accum": 2}), tmp_path / "acc")
+    _assert_same_run(single, tmp_path / "acc")
+
+
+def test_resume_at_world_size_two_from_a_world_size_one_checkpoint(single, tmp_path):
+    out = tmp_path / "mixed"
+    train(_cfg(), out, stop_after=10)
+    run_distributed(2, _cfg(), out, resume=True)
+    _assert_same_run(single, out)
+
+
+def test_a_batch_too_small_for_the_parts_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="data.batch_size 8 cannot be split in 1 ranks x 16"):
+        train(_cfg(**{"optim.accum": 16}), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
