@@ -403,6 +403,18 @@ def fit(
     m, name = resolve_model(model, resolve_device(device))
     for s_ in sites:
         site_hooks(m, s_)
+    from fbt_probe.distributed import world_from_env
+
+    world = world_from_env(resolve_device(device))
+    if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
+        from probes.run import prefetch_features
+
+        with lazy_progress("extract", 1) as bar:
+            prefetch_features(m, task_list, prefills, data_map, sites, not no_controls, seed,
+                              progress=bar if world.main else None)  # fmt: skip
+        world.barrier()
+        if not world.main:
+            return
     with lazy_progress("fit", 1) as bar:
         df = run_fit(
             m,

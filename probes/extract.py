@@ -138,7 +138,10 @@ def extract_features(
     out = None
     device = next(model.parameters()).device
     done = 0
-    for idx in _batches(prompt_lens, batch_size):
+    rank, size = _world()
+    for b, idx in enumerate(_batches(prompt_lens, batch_size)):
+        if b % size != rank:  # under torchrun each rank extracts every size-th batch
+            continue
         T = int(prompt_lens[idx].max())
         toks = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
         for j, i in enumerate(idx):
@@ -165,7 +168,31 @@ def extract_features(
         done += len(idx)
         if progress is not None:
             progress(done, len(ds), prefill)
+    if size > 1:  # every row was extracted by one rank, with the batch one process uses
+        out = _gather(out, device)
     return out
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(part: np.ndarray | None, device) -> np.ndarray:
+    """The rows each rank extracted, summed into one array on every rank (the other rows of
+    a rank's array are zero); a rank with no batch learns the shape from the others."""
+    import torch.distributed as dist
+
+    shape = torch.tensor(part.shape if part is not None else (0, 0, 0), dtype=torch.long)
+    dist.all_reduce(shape, op=dist.ReduceOp.MAX)
+    full = torch.zeros(tuple(shape.tolist()), dtype=torch.float32, device=device)
+    if part is not None:
+        full += torch.from_numpy(part).to(device)
+    dist.all_reduce(full)
+    return full.cpu().numpy()
 
 
 def cache_key(mhash: str, dhash: str, prefill: str, site: str = RESID) -> str:
@@ -201,6 +228,8 @@ def extract_cached(
             pass
         path.unlink(missing_ok=True)  # a damaged or foreign cache entry is recomputed
     feats = extract_features(model, ds, prefill, progress=progress, site=site)
+    if _world()[0] != 0:
+        return feats, False  # under torchrun rank 0 writes the cache entry
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
     os.close(fd)

@@ -202,27 +202,8 @@ def run_fit(
     datasets = {t: load_or_generate(t, (data or {}).get(t)) for t in tasks}
 
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
-    feats: dict[tuple[str, str, str, str], np.ndarray] = {}
-    jobs = [
-        (t, p, site, v)
-        for t in tasks
-        for site in sites
-        for p in prefills
-        for v in (["trained", "random_init"] if controls else ["trained"])
-    ]
-    skipped = []  # (site, prefill) pairs whose hook does not fire, e.g. fusion.* in pass 1
-    for i, (t, p, site, v) in enumerate(jobs):
-        m, h = (model, mhash) if v == "trained" else (control, chash)
-        if (site, p) in skipped:
-            continue
-        try:
-            feats[(t, p, site, v)], _ = extract_cached(
-                m, datasets[t], p, cache_dir, mhash=h, site=site
-            )
-        except SiteNotFired:
-            skipped.append((site, p))
-        if progress is not None:
-            progress(i + 1, len(jobs), f"extract {t} {p} {site} {v}")
+    models = {"trained": (model, mhash), "random_init": (control, chash)}
+    feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
     for site in sites:
         if all((site, p) in skipped for p in prefills):
             raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
@@ -270,6 +251,42 @@ def run_fit(
     meta["seconds"] = time.monotonic() - t0
     write_results(df, out, meta)
     return df
+
+
+def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress=None):
+    """Features of every (task, prefill, site, model) the protocol reads: {key: array} and
+    the (site, prefill) pairs whose hook does not fire (e.g. fusion.* in pass 1).
+    ``models``: {"trained": (model, hash), "random_init": (control, hash)}."""
+    feats: dict[tuple[str, str, str, str], np.ndarray] = {}
+    jobs = [(t, p, site, v) for t in datasets for site in sites for p in prefills
+            for v in (["trained", "random_init"] if controls else ["trained"])]  # fmt: skip
+    skipped = []
+    for i, (t, p, site, v) in enumerate(jobs):
+        m, h = models[v]
+        if (site, p) in skipped:
+            continue
+        try:
+            feats[(t, p, site, v)], _ = extract_cached(
+                m, datasets[t], p, cache_dir, mhash=h, site=site
+            )
+        except SiteNotFired:
+            skipped.append((site, p))
+        if progress is not None:
+            progress(i + 1, len(jobs), f"extract {t} {p} {site} {v}")
+    return feats, skipped
+
+
+def prefetch_features(model, tasks, prefills, data=None, sites=(RESID,), controls=True,
+                      seed=0, cache_dir=DEFAULT_CACHE, progress=None) -> None:  # fmt: skip
+    """Under torchrun: every rank extracts its share of the features ``run_fit`` reads and
+    rank 0 writes them to the disk cache, where ``run_fit`` on rank 0 then finds them."""
+    if cache_dir is None:
+        raise ValueError("extraction across ranks needs the feature cache (cache_dir)")
+    control = random_init_like(model, seed=seed) if controls else None
+    models = {"trained": (model, model_hash(model)),
+              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
+    datasets = {t: load_or_generate(t, (data or {}).get(t)) for t in tasks}
+    extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
 
 
 def _cell(X, y, groups, seed, folds, C=None, probe="logistic"):

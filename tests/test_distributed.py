@@ -104,3 +104,39 @@ def test_a_batch_too_small_for_the_parts_is_refused(tmp_path):
     with pytest.raises(ValueError, match="data.batch_size 8 cannot be split in 1 ranks x 16"):
         train(_cfg(**{"optim.accum": 16}), tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def _extract_worker(rank: int, size: int, port: int, data: str, prefill: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
+    import torch.distributed as dist
+
+    from fbt_probe.distributed import world_from_env
+    from fbt_probe.registry import resolve_model
+    from probes.extract import extract_features
+    from tasks.dataset import load
+
+    world_from_env(torch.device("cpu"))
+    try:
+        model, _ = resolve_model("default")
+        feats = extract_features(model, load(data), prefill, batch_size=16)
+        np.save(Path(out) / f"rank{rank}.npy", feats)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("prefill", ["recurrent", "full"])
+def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
+    from fbt_probe.registry import resolve_model
+    from probes.extract import extract_features
+    from tasks.dataset import load
+    from tasks.generate import generate_dataset
+
+    data = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=10,
+                            distractors=(1, 5, 30), seed=4)  # fmt: skip
+    model, _ = resolve_model("default")
+    one = extract_features(model, load(data), prefill, batch_size=16)
+    mp.spawn(_extract_worker, args=(2, _free_port(), str(data), prefill, str(tmp_path)),
+             nprocs=2, join=True)  # fmt: skip
+    for r in (0, 1):  # every rank holds all of it, bit for bit what one process extracts
+        assert np.array_equal(np.load(tmp_path / f"rank{r}.npy"), one)
