@@ -153,7 +153,8 @@ def train(
         None,
         "--config",
         "-c",
-        help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny) "
+        help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny, "
+        "paper-1b) "
         "or a recipe file (.toml or .json) that lists only what it changes: 'base' names the "
         "recipe it changes (default: 'default'). A run folder's train_config.json works too. "
         "Default: 'default', or with --resume the run folder's own recipe.",
@@ -190,6 +191,15 @@ def train(
     show: bool = typer.Option(
         False, "--show", help="Print the resolved recipe (JSON) and its phase table; train nothing."
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Build the model on the meta device and print its parameter count, FLOPs per "
+        "token and memory per rank; allocate and train nothing (e.g. --config paper-1b).",
+    ),
+    world_size: int = typer.Option(
+        8, "--world-size", min=1, help="With --dry-run: the ranks the memory is given for."
+    ),
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
     ),
@@ -211,6 +221,11 @@ def train(
         own = out / "train_config.json" if resume else None
         config = str(own) if own is not None and own.is_file() else "default"
     cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
+    if dry_run:
+        from fbt_probe.costs import dry_run as report
+
+        typer.echo(report(cfg, world_size))
+        return
     if show:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         typer.echo("\n" + table(cfg.schedule))

@@ -140,3 +140,21 @@ def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
              nprocs=2, join=True)  # fmt: skip
     for r in (0, 1):  # every rank holds all of it, bit for bit what one process extracts
         assert np.array_equal(np.load(tmp_path / f"rank{r}.npy"), one)
+
+
+def test_dry_run_of_the_paper_scale_recipe(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    r = CliRunner().invoke(app, ["train", "--config", "paper-1b", "--dry-run", "--world-size", "8"])
+    assert r.exit_code == 0, r.output
+    # the formula of docs/distributed.md, written out here
+    D, L, F, V = 1536, 24, 8192, 100352
+    formula = V * D + L * (4 * D * D + 2 * D * F + 2 * D) + D + (2 * D * D + D)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("parameters:"))
+    count = int(line.split()[1].replace(",", ""))
+    assert abs(count - formula) <= 0.02 * formula
+    assert "1.28 passes per token (200B tokens cost as 256B)" in r.stdout
+    assert "DDP 14.7 GiB, FSDP 1.8 GiB" in r.stdout  # 16 bytes a parameter, / 8 under FSDP
+    assert not Path("runs/paper-1b").exists()

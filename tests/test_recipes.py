@@ -214,6 +214,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "additive",
         "three-tasks",
         "tiny",
+        "paper-1b",
     }
     for n in recipe_names():
         assert named_config(n).name == n
