@@ -381,6 +381,8 @@ def train(
                 f"{key} {n} cannot be split in {world.size} ranks x {cfg.optim.accum} "
                 "micro-batches (optim.accum): every part needs an example"
             )
+    if cfg.run.bf16 and dev.type != "cuda":
+        raise ValueError("run.bf16 (bf16 autocast) needs a CUDA device (--device cuda)")
     world.barrier()  # every rank has checked before rank 0 writes anything
     model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
     if cfg.init_from:
@@ -450,14 +452,18 @@ def train(
             g["lr"] = lr_at(cfg, step)
         if sharded:
             opt.zero_grad(set_to_none=True)
-            lv, stats, n_tokens = sharded_step(net, model, draw, cfg, world, dev)
+            with autocast(cfg, dev):
+                lv, stats, n_tokens = sharded_step(net, model, draw, cfg, world, dev)
         else:
             batch = make_batch(draw.examples).to(dev)
             n_tokens = batch.n_tokens
             prefix = None if draw.prefix is None else torch.tensor(draw.prefix, device=dev)
             torch.manual_seed(draw.jitter_seed)  # jitter noise, reproducible per step
-            init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
-            loss, stats = multipass_loss(model, batch, passes, cfg, prefix, init, first_pass=warm)
+            with autocast(cfg, dev):
+                init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
+                loss, stats = multipass_loss(
+                    model, batch, passes, cfg, prefix, init, first_pass=warm
+                )
             lv = loss.item()
         if diverged(lv / passes, recent):
             raise Divergence(
@@ -559,6 +565,15 @@ def train(
     )
     world.barrier()
     return metrics
+
+
+def autocast(cfg: TrainConfig, dev: torch.device):
+    """bf16 autocast on CUDA when the recipe asks for it (``run.bf16``); otherwise nothing."""
+    from contextlib import nullcontext
+
+    if cfg.run.bf16 and dev.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def sharded_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: World, dev):

@@ -129,6 +129,8 @@ class RunConfig:
     eval_every: int = 250
     eval_examples: int = 96
     checkpoint_every: int = 250
+    # CUDA only: run forward and backward under bf16 autocast (the weights and AdamW stay fp32)
+    bf16: bool = False
 
     def __post_init__(self):
         _need(

@@ -158,3 +158,16 @@ def test_dry_run_of_the_paper_scale_recipe(tmp_path):
     assert "1.28 passes per token (200B tokens cost as 256B)" in r.stdout
     assert "DDP 14.7 GiB, FSDP 1.8 GiB" in r.stdout  # 16 bytes a parameter, / 8 under FSDP
     assert not Path("runs/paper-1b").exists()
+
+
+def test_bf16_autocast_needs_cuda(tmp_path):
+    with pytest.raises(ValueError, match=r"run.bf16 \(bf16 autocast\) needs a CUDA device"):
+        train(_cfg(**{"run.bf16": True}), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_bf16_autocast_trains_on_cuda(tmp_path):
+    m = train(_cfg(**{"run.bf16": True}), tmp_path / "bf16", device="cuda")
+    losses = [h["loss"] for h in m["history"]]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
