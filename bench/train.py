@@ -5,7 +5,12 @@ Also the cost of a fixed-point step (the default's fixed-point batches: warm sta
 exact sequential recurrence without gradient, then ``fixed_point.passes`` passes with
 gradient) on the same batch, relative to a plain step of as many passes.
 
-Run: .venv/bin/python bench/train.py   (prints two tables, writes bench/train.json)
+And the throughput of the same training under torch.distributed: 2 gloo processes of one
+thread each against one process of 2 threads, the first 200 steps of the default recipe, the
+same global batches (on 2 cores no speed-up is expected: the processes share them).
+
+Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints three tables, writes
+bench/train.json)
 """
 
 from __future__ import annotations
@@ -36,7 +41,48 @@ def step_flops(cfg, batch) -> float:
     return 3 * 2 * B * T * (per_token + attn)  # x2 FLOP per MAC, x3 forward + backward
 
 
+DIST_STEPS = 200
+
+
+def _train_part(world, out: str) -> None:
+    from fbt_probe.train import train
+
+    train(named_config("default"), out, stop_after=DIST_STEPS, world=world)
+
+
+def distributed_throughput() -> list[dict]:
+    """Tokens/s of 1 process x 2 threads and 2 gloo processes x 1 thread, same batches."""
+    import json
+    import tempfile
+
+    from fbt_probe.distributed import spawn_local
+    from fbt_probe.train import train
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            train(named_config("default"), Path(tmp) / "one", stop_after=DIST_STEPS)
+        finally:
+            torch.set_num_threads(threads)
+        spawn_local(_train_part, 2, str(Path(tmp) / "two"), threads=1)
+        for name, sub in (("1 process x 2 threads", "one"), ("2 gloo processes x 1 thread", "two")):
+            m = json.loads((Path(tmp) / sub / "metrics.json").read_text())
+            rows.append({"run": name, "steps": m["steps_done"],
+                         "wall_s": round(m["wall_seconds_this_call"], 1),
+                         "tokens_per_s": round(m["tokens_per_second"])})  # fmt: skip
+    for r in rows:
+        r["vs_one_process"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    return rows
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--skip-distributed", action="store_true", help="only the one-process tables")
+    args = ap.parse_args()
     peak_before = matmul_flops()
     cfg = named_config("default")
     model = FBTModel(cfg.model, seed=0).train()
@@ -103,11 +149,17 @@ def main() -> None:
         f"\nfixed-point step (exact warm states without gradient + {g} passes with it), same batch"
     )
     print(table([fp], list(fp)))
+    dist_rows = [] if args.skip_distributed else distributed_throughput()
+    if dist_rows:
+        print(
+            f"\ndistributed (gloo) against one process: first {DIST_STEPS} steps of the default recipe"
+        )
+        print(table(dist_rows, list(dist_rows[0])))
     path = write_json(
         "train",
         {
             "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
-            "rows": rows, "fixed_point_step": fp,
+            "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
         },
     )  # fmt: skip
     print(f"\nwrote {path}")

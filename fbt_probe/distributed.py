@@ -68,3 +68,29 @@ def rows(n: int, part: int, parts: int) -> tuple[int, int]:
     base, extra = divmod(n, parts)
     start = part * base + min(part, extra)
     return start, start + base + (1 if part < extra else 0)
+
+
+def _entry(rank: int, fn, size: int, port: int, threads: int, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
+    if threads:
+        torch.set_num_threads(threads)
+    world = world_from_env(torch.device("cpu"))
+    try:
+        fn(world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_local(fn, size: int, *args, threads: int = 0) -> None:
+    """Run ``fn(world, *args)`` in ``size`` gloo processes on this machine (127.0.0.1, a free
+    port), as torchrun would: for tests and benchmarks. ``fn`` must be importable (top-level);
+    ``threads`` > 0 sets each process's torch threads."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_entry, args=(fn, size, port, threads, args), nprocs=size, join=True)

@@ -4,16 +4,14 @@ the same global batch; gradient accumulation equals the whole batch."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from fbt_probe.distributed import spawn_local
 from fbt_probe.recipes import load_recipe
 from fbt_probe.train import train
 
@@ -26,32 +24,15 @@ def _cfg(**extra):
     return load_recipe("tiny").with_overrides(sets)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, size: int, port: int, cfg_dict: dict, out: str, resume: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
-    import torch.distributed as dist
-
-    from fbt_probe.distributed import world_from_env
+def _train(world, cfg_dict: dict, out: str, resume: bool) -> None:
     from fbt_probe.train_config import TrainConfig
 
-    torch.set_num_threads(1)
-    world = world_from_env(torch.device("cpu"))
-    try:
-        train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume)
-    finally:
-        dist.destroy_process_group()
+    train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume)
 
 
 def run_distributed(size: int, cfg, out: Path, resume: bool = False) -> None:
     """Train ``cfg`` on ``size`` gloo processes on 127.0.0.1 (a free port)."""
-    mp.spawn(_worker, args=(size, _free_port(), cfg.to_dict(), str(out), resume), nprocs=size,
-             join=True)  # fmt: skip
+    spawn_local(_train, size, cfg.to_dict(), str(out), resume, threads=1)
 
 
 def _losses(run: Path) -> np.ndarray:
@@ -106,23 +87,14 @@ def test_a_batch_too_small_for_the_parts_is_refused(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def _extract_worker(rank: int, size: int, port: int, data: str, prefill: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
-    import torch.distributed as dist
-
-    from fbt_probe.distributed import world_from_env
+def _extract(world, data: str, prefill: str, out: str) -> None:
     from fbt_probe.registry import resolve_model
     from probes.extract import extract_features
     from tasks.dataset import load
 
-    world_from_env(torch.device("cpu"))
-    try:
-        model, _ = resolve_model("default")
-        feats = extract_features(model, load(data), prefill, batch_size=16)
-        np.save(Path(out) / f"rank{rank}.npy", feats)
-    finally:
-        dist.destroy_process_group()
+    model, _ = resolve_model("default")
+    feats = extract_features(model, load(data), prefill, batch_size=16)
+    np.save(Path(out) / f"rank{world.rank}.npy", feats)
 
 
 @pytest.mark.parametrize("prefill", ["recurrent", "full"])
@@ -136,8 +108,7 @@ def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
                             distractors=(1, 5, 30), seed=4)  # fmt: skip
     model, _ = resolve_model("default")
     one = extract_features(model, load(data), prefill, batch_size=16)
-    mp.spawn(_extract_worker, args=(2, _free_port(), str(data), prefill, str(tmp_path)),
-             nprocs=2, join=True)  # fmt: skip
+    spawn_local(_extract, 2, str(data), prefill, str(tmp_path))
     for r in (0, 1):  # every rank holds all of it, bit for bit what one process extracts
         assert np.array_equal(np.load(tmp_path / f"rank{r}.npy"), one)
 
