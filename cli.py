@@ -535,10 +535,20 @@ def intervene(
         from fbt_probe.registry import random_init_like
 
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
-        if probes_dir is not None:
-            raise ValueError(
-                "--random-init: saved probes belong to the trained model; drop --probes"
-            )
+    from fbt_probe.distributed import world_from_env
+
+    world = world_from_env(resolve_device(device))
+    if world.size > 1:  # torchrun: the ranks share the probe features' extraction
+        from probes.extract import extract_cached
+        from probes.intervene import load_twins
+
+        for t in task_list:
+            ds = load_twins(t, (data_map or {}).get(t))
+            for p in prefills:
+                extract_cached(m, ds, p)
+        world.barrier()
+        if not world.main:
+            return  # rank 0 runs the battery, finding the features in the cache
     with lazy_progress("intervene", 1, delay=0.0) as bar:
         df = run_intervene(m, name, [(t, p) for t in task_list for p in prefills], out, data=data_map,
                            probes_dir=probes_dir, seed=seed, batch_size=batch_size, progress=bar)  # fmt: skip
