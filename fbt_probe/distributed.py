@@ -94,3 +94,59 @@ def spawn_local(fn, size: int, *args, threads: int = 0) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_entry, args=(fn, size, port, threads, args), nprocs=size, join=True)
+
+
+# ---- FSDP (fully_shard): parameters, gradients and optimizer state sharded over the ranks ----
+def shard_model(model) -> None:
+    """``fully_shard`` every block, then the whole model (embedding, fusion, final norm)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def param_order(model) -> list[str]:
+    """Parameter names in the optimizer's order (matrices first, then vectors, as the
+    trainer builds its two AdamW groups): what the integer keys of its state dict mean."""
+    named = list(model.named_parameters())
+    return [n for n, p in named if p.ndim >= 2] + [n for n, p in named if p.ndim < 2]
+
+
+def full_states(model, opt) -> tuple[dict, dict]:
+    """The whole model's and optimizer's state, gathered from the shards onto rank 0's CPU
+    (a collective: every rank calls it; the others get empty dicts), in the format of an unsharded run's
+    ``state_dict()`` (optimizer state keyed by parameter index), so a checkpoint is the same
+    whether or not it was sharded."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, opt, options=opts)
+    if not osd:  # with cpu_offload only rank 0 receives the gathered state
+        return msd, {}
+    index = {n: i for i, n in enumerate(param_order(model))}
+    return msd, {
+        "state": {index[k]: v for k, v in osd["state"].items()},
+        "param_groups": [
+            {**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]
+        ],  # fmt: skip
+    }
+
+
+def load_optimizer(model, opt, state: dict) -> None:
+    """Load an unsharded run's optimizer state dict into the optimizer of a sharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = param_order(model)
+    osd = {
+        "state": {names[int(k)]: v for k, v in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],  # fmt: skip
+    }
+    set_optimizer_state_dict(model, opt, osd, options=StateDictOptions(full_state_dict=True))

@@ -76,9 +76,10 @@ class Batch:
         )
 
 
-def make_batch(examples: list[Example]) -> Batch:
+def make_batch(examples: list[Example], pad_to: int | None = None) -> Batch:
+    """``pad_to``: the padded length (default: the longest example's)."""
     ids = [vocab.encode(ex.tokens) for ex in examples]
-    T = max(len(x) for x in ids)
+    T = max(max(len(x) for x in ids), pad_to or 0)
     tokens = torch.full((len(ids), T), vocab.PAD_ID, dtype=torch.long)
     targets = torch.full((len(ids), T), -100, dtype=torch.long)
     answer = torch.zeros((len(ids), T), dtype=torch.bool)
@@ -327,6 +328,12 @@ def diverged(loss_per_pass: float, recent: list[float]) -> bool:
     )
 
 
+def _without_sharding(cfg: TrainConfig) -> TrainConfig:
+    """The config with ``run.fsdp`` off: how the states are laid out over the ranks is not
+    part of what is trained, so a run may be resumed with or without it."""
+    return replace(cfg, run=replace(cfg.run, fsdp=False))
+
+
 def _save_state(path: Path, model, opt, step: int, history: list) -> None:
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "history": history}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
@@ -383,6 +390,9 @@ def train(
             )
     if cfg.run.bf16 and dev.type != "cuda":
         raise ValueError("run.bf16 (bf16 autocast) needs a CUDA device (--device cuda)")
+    fsdp = cfg.run.fsdp
+    if fsdp and world.size < 2:
+        raise ValueError("run.fsdp shards over the ranks: start 2 or more with torchrun")
     world.barrier()  # every rank has checked before rank 0 writes anything
     model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
     if cfg.init_from:
@@ -392,6 +402,29 @@ def train(
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
     model.train()
+    st = None
+    if resume:
+        try:
+            saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{out / 'train_config.json'} is not valid JSON ({e.msg})") from None
+        if _without_sharding(saved_cfg) != _without_sharding(cfg):
+            raise ValueError(
+                f"{out} was trained with a different config; resume it with the same one"
+            )
+        try:
+            st = torch.load(state_path, weights_only=False, map_location=dev)
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(
+                f"{state_path} cannot be read ({first}); it may be truncated"
+            ) from None
+        model.load_state_dict(st["model"])  # the whole model, before any sharding
+    if fsdp:
+        from fbt_probe.distributed import shard_model
+
+        shard_model(model)
+        frozen = frozen_parameters(model, cfg.schedule)  # the sharded parameters now
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
@@ -403,25 +436,30 @@ def train(
         betas=(0.9, 0.95),
     )
     start, history = 0, []
-    if resume:
-        try:
-            saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{out / 'train_config.json'} is not valid JSON ({e.msg})") from None
-        if saved_cfg != cfg:
-            raise ValueError(
-                f"{out} was trained with a different config; resume it with the same one"
-            )
-        try:
-            st = torch.load(state_path, weights_only=False, map_location=dev)
-        except (RuntimeError, EOFError, OSError, ValueError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(
-                f"{state_path} cannot be read ({first}); it may be truncated"
-            ) from None
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
+    if st is not None:
+        if fsdp:
+            from fbt_probe.distributed import load_optimizer
+
+            load_optimizer(model, opt, st["opt"])
+        else:
+            opt.load_state_dict(st["opt"])
         start, history = st["step"], st["history"]
+
+    def checkpoint(step: int) -> dict | None:
+        """Write state.pt (rank 0); under FSDP every rank gathers the shards first. Returns
+        the whole model's state under FSDP."""
+        if not fsdp:
+            if world.main:
+                _save_state(state_path, model, opt, step, history)
+            return None
+        from fbt_probe.distributed import full_states
+
+        msd, osd = full_states(model, opt)
+        if world.main:
+            state = {"model": msd, "opt": osd, "step": step, "history": history}
+            atomic_write(state_path, lambda tmp: torch.save(state, tmp))
+        return msd
+
     if world.main:
         write_text(out / "train_config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
         # one line per start of this run folder, the file replaced whole (never half a line)
@@ -429,7 +467,7 @@ def train(
         before = command.read_text() if command.is_file() else ""
         write_text(command, before + shlex.join(argv if argv is not None else sys.argv) + "\n")
     net = model
-    if world.size > 1:
+    if world.size > 1 and not fsdp:
         from torch.nn.parallel import DistributedDataParallel
 
         # find_unused_parameters: a one-pass step never reaches the fusion's parameters, and
@@ -476,7 +514,8 @@ def train(
         for prefix_name in draw.plan.frozen:
             for p in frozen[prefix_name]:
                 p.grad = None  # AdamW skips it: no update, no weight decay
-        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip))
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        gnorm = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
         if not math.isfinite(gnorm):
             raise Divergence(
                 f"non-finite gradient at step {step}; the last good checkpoint is in {out}"
@@ -501,7 +540,8 @@ def train(
             rec.update({f"fp/{m}": v for m, v in stats[-1].items()})
         else:
             rec.update({f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()})
-        if world.main and ((step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps):
+        # under FSDP every rank takes part in a forward
+        if (world.main or fsdp) and ((step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps):
             rec["eval"] = quick_eval(model, cfg)
         history.append(rec)
         if progress is not None and world.main:
@@ -513,8 +553,8 @@ def train(
                 )
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
-        if world.main and (step + 1) % cfg.run.checkpoint_every == 0:
-            _save_state(state_path, model, opt, step + 1, history)
+        if (step + 1) % cfg.run.checkpoint_every == 0:
+            checkpoint(step + 1)
         # every rank stops at the same step: rank 0's clock decides
         if (
             max_minutes
@@ -522,16 +562,19 @@ def train(
                 [float(world.main and (time.monotonic() - t0) / 60 > max_minutes)], dev
             )[0]
         ):
-            if world.main:
-                _save_state(state_path, model, opt, step + 1, history)
+            checkpoint(step + 1)
             break
     final_step = history[-1]["step"] if history else start
+    full = checkpoint(final_step)
+    model.eval()
+    final_eval = quick_eval(model, cfg) if world.main or fsdp else {}
     if not world.main:
         world.barrier()  # rank 0 writes the checkpoint, the metrics and the model
         return {"steps_done": final_step, "steps": cfg.steps, "finished": final_step >= cfg.steps,
-                "final_eval": {}, "history": history, "world_size": world.size}  # fmt: skip
-    _save_state(state_path, model, opt, final_step, history)
-    model.eval()
+                "final_eval": final_eval, "history": history, "world_size": world.size}  # fmt: skip
+    if full is not None:  # the gathered weights, in an unsharded model that save_model writes
+        model = FBTModel(cfg.model, seed=cfg.run.seed)
+        model.load_state_dict(full)
     metrics = {
         "name": cfg.name,
         "steps_done": final_step,
@@ -547,10 +590,11 @@ def train(
         "wall_seconds_this_call": time.monotonic() - t0,
         "max_minutes": max_minutes,
         "world_size": world.size,
+        "sharding": "fsdp" if fsdp else "ddp" if world.size > 1 else "none",
         "accum": cfg.optim.accum,
         "per_rank_batch": -(-cfg.data.batch_size // world.size),
         "tokens_per_second": tokens_seen / max(1e-9, time.monotonic() - tok_t0),
-        "final_eval": quick_eval(model, cfg),
+        "final_eval": final_eval,
         "history": history,
     }
     write_text(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
@@ -590,14 +634,15 @@ def sharded_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: 
     for m in range(cfg.optim.accum):
         a, b = rows(hi - lo, m, cfg.optim.accum)
         a, b = lo + a, lo + b
-        mb = make_batch(full[a:b]).to(dev)
+        mb = make_batch(full[a:b], pad_to=T if cfg.run.fsdp else None).to(dev)
         prefix = None if draw.prefix is None else torch.tensor(draw.prefix[a:b], device=dev)
         torch.manual_seed(draw.jitter_seed)  # each part draws the whole batch's noise...
         model.noise_layout = (n, T, a)  # ...and keeps its own rows of it
         try:
             init = warm_states(model, mb, draw.warm, cfg.fixed_point.exact) if draw.warm else None
             last = m == cfg.optim.accum - 1
-            sync = nullcontext() if last or world.size == 1 else net.no_sync()
+            # FSDP reduces every micro-batch's gradients (no no_sync); DDP only the last's
+            sync = nullcontext() if last or world.size == 1 or cfg.run.fsdp else net.no_sync()
             with sync:
                 loss, stats = multipass_loss(net, mb, draw.passes, cfg, prefix, init,
                                              first_pass=draw.warm, counts=(n_valid, n_answer, n))  # fmt: skip

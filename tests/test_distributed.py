@@ -24,15 +24,15 @@ def _cfg(**extra):
     return load_recipe("tiny").with_overrides(sets)
 
 
-def _train(world, cfg_dict: dict, out: str, resume: bool) -> None:
+def _train(world, cfg_dict: dict, out: str, resume: bool, stop_after) -> None:
     from fbt_probe.train_config import TrainConfig
 
-    train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume)
+    train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume, stop_after=stop_after)
 
 
-def run_distributed(size: int, cfg, out: Path, resume: bool = False) -> None:
+def run_distributed(size: int, cfg, out: Path, resume: bool = False, stop_after=None) -> None:
     """Train ``cfg`` on ``size`` gloo processes on 127.0.0.1 (a free port)."""
-    spawn_local(_train, size, cfg.to_dict(), str(out), resume, threads=1)
+    spawn_local(_train, size, cfg.to_dict(), str(out), resume, stop_after, threads=1)
 
 
 def _losses(run: Path) -> np.ndarray:
@@ -142,3 +142,30 @@ def test_bf16_autocast_trains_on_cuda(tmp_path):
     m = train(_cfg(**{"run.bf16": True}), tmp_path / "bf16", device="cuda")
     losses = [h["loss"] for h in m["history"]]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_fsdp_on_two_gloo_processes_equals_one_process(single, tmp_path):
+    cfg = _cfg(**{"run.fsdp": True})
+    run_distributed(2, cfg, tmp_path / "fsdp")
+    _assert_same_run(single, tmp_path / "fsdp")
+    assert json.loads((tmp_path / "fsdp" / "metrics.json").read_text())["sharding"] == "fsdp"
+
+
+def test_fsdp_checkpoints_are_the_unsharded_format(single, tmp_path):
+    # stopped half-way under FSDP, the checkpoint resumes in one process (and the reverse
+    # direction is the world-size test above): it ends where an uninterrupted run does
+    out = tmp_path / "mixed"
+    run_distributed(2, _cfg(**{"run.fsdp": True}), out, stop_after=10)
+    assert torch.load(out / "state.pt", weights_only=False)["step"] == 10
+    train(_cfg(), out, resume=True)
+    _assert_same_run(single, out)
+    # and a one-process checkpoint resumes under FSDP
+    out2 = tmp_path / "mixed2"
+    train(_cfg(), out2, stop_after=10)
+    run_distributed(2, _cfg(**{"run.fsdp": True}), out2, resume=True)
+    _assert_same_run(single, out2)
+
+
+def test_fsdp_needs_two_ranks(tmp_path):
+    with pytest.raises(ValueError, match="run.fsdp shards over the ranks"):
+        train(_cfg(**{"run.fsdp": True}), tmp_path / "x")
