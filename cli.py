@@ -415,12 +415,12 @@ def fit(
 
     probe_class(probe)
     sites = tuple(site or (RESID,))
-    m, name = resolve_model(model, resolve_device(device))
+    from fbt_probe.distributed import rank_device, world_from_env
+
+    world = world_from_env(resolve_device(device))  # under torchrun: this rank of the world
+    m, name = resolve_model(model, rank_device(resolve_device(device), world))
     for s_ in sites:
         site_hooks(m, s_)
-    from fbt_probe.distributed import world_from_env
-
-    world = world_from_env(resolve_device(device))
     if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
         from probes.run import prefetch_features
 
@@ -530,14 +530,14 @@ def intervene(
         from probes.artifacts import load_probes
 
         load_probes(probes_dir)  # a missing or unreadable folder fails now, not after work
-    m, name = resolve_model(model, resolve_device(device))
+    from fbt_probe.distributed import rank_device, world_from_env
+
+    world = world_from_env(resolve_device(device))  # under torchrun: this rank of the world
+    m, name = resolve_model(model, rank_device(resolve_device(device), world))
     if random_init:
         from fbt_probe.registry import random_init_like
 
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
-    from fbt_probe.distributed import world_from_env
-
-    world = world_from_env(resolve_device(device))
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction
         from probes.extract import extract_cached
         from probes.intervene import load_twins

@@ -4,6 +4,7 @@ the same global batch; gradient accumulation equals the whole batch."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +170,22 @@ def test_fsdp_checkpoints_are_the_unsharded_format(single, tmp_path):
 def test_fsdp_needs_two_ranks(tmp_path):
     with pytest.raises(ValueError, match="run.fsdp shards over the ranks"):
         train(_cfg(**{"run.fsdp": True}), tmp_path / "x")
+
+
+def test_torchrun_runs_the_train_command(tmp_path):
+    # as a user runs it: torchrun starts two processes of the command line
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "cli", "train", "--config", "tiny", "--set", "steps=6", "--set",
+         "run.eval_every=1000", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("trained 6/6 steps") == 1  # rank 0 reports, once
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["steps_done"] == 6
