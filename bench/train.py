@@ -1,6 +1,10 @@
 """Training benchmark: tokens/s, achieved FLOP/s against this machine's matmul rate measured
 in the same run, and the cost of a k-pass step relative to k single-pass steps.
 
+The first table counts the padded batch of one point of the schedule; the honest figure is
+``useful_fraction_of_peak``: FLOPs on real tokens only over 20 steps drawn evenly across the
+default schedule (fixed-point steps included), against the matmul peak measured in the same run.
+
 Also the cost of a fixed-point step (the default's fixed-point batches: warm states from the
 exact sequential recurrence without gradient, then ``fixed_point.passes`` passes with
 gradient) on the same batch, relative to a plain step of as many passes.
@@ -42,6 +46,67 @@ def step_flops(cfg, batch) -> float:
 
 
 DIST_STEPS = 200
+SAMPLE_STEPS = 20  # training steps drawn evenly across the default schedule
+
+
+def useful_flops(cfg, examples, passes: int, warm: int, exact: bool) -> float:
+    """FLOPs of one training step on its real tokens only (no padding): every pass with
+    gradient 3 x its forward; the warm states of a fixed-point step are forward only (the
+    exact recurrence runs each token once, a Jacobi warm-up ``warm`` times). A forward pass
+    is 2 FLOPs per weight of every matmul per token (the fusion in feedback passes) plus
+    causal attention, 2·2·L·D·n(n+1)/2 for a sequence of n tokens."""
+    D, L, F, V = cfg.model.d_model, cfg.model.n_layers, cfg.model.d_mlp, cfg.model.d_vocab
+    fusion = 2 * 2 * D * D
+    mm = 2 * (L * (4 * D * D + 2 * D * F) + D * V)
+    lens = [len(ex.tokens) for ex in examples]
+    tokens = sum(lens)
+    attn = sum(2 * 2 * L * D * n * (n + 1) / 2 for n in lens)
+
+    def forward(feedback: bool) -> float:
+        return tokens * (mm + (fusion if feedback else 0)) + attn
+
+    grad_passes = sum(3 * forward(feedback=warm > 0 or k > 0) for k in range(passes))
+    warm_passes = 0.0
+    if warm:
+        warm_passes = forward(feedback=True) if exact else warm * forward(feedback=True)
+    return grad_passes + warm_passes
+
+
+def representative_steps(cfg, model, opt) -> dict:
+    """Time SAMPLE_STEPS real training steps drawn evenly across the schedule (their own
+    batches, pass counts and fixed-point draws) and their useful FLOPs."""
+    import time
+
+    from fbt_probe.train import draw_step
+
+    stream = cfg.stream()
+    picks = [int(i * cfg.steps / SAMPLE_STEPS) for i in range(SAMPLE_STEPS)]
+    draws = [draw_step(cfg, stream, s) for s in picks]
+    fp = cfg.fixed_point
+
+    def run(d):
+        batch = make_batch(d.examples)
+        torch.manual_seed(d.jitter_seed)
+        init = warm_states(model, batch, d.warm, fp.exact) if d.warm else None
+        prefix = None if d.prefix is None else torch.tensor(d.prefix)
+        loss, _ = multipass_loss(model, batch, d.passes, cfg, prefix, init, first_pass=d.warm)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return batch
+
+    run(draws[len(draws) // 2])  # warm-up
+    total_s, total_flops, real, padded = 0.0, 0.0, 0, 0
+    for d in draws:
+        t0 = time.perf_counter()
+        batch = run(d)
+        total_s += time.perf_counter() - t0
+        total_flops += useful_flops(cfg, d.examples, d.passes, d.warm, fp.exact)
+        real += batch.n_tokens
+        padded += batch.tokens.numel()
+    return {"steps": picks, "fixed_point_steps": sum(d.warm > 0 for d in draws),
+            "passes": [d.passes for d in draws], "seconds": total_s,
+            "useful_flops": total_flops, "real_tokens": real, "padded_tokens": padded}  # fmt: skip
 
 
 def _train_part(world, out: str) -> None:
@@ -149,6 +214,21 @@ def main() -> None:
         f"\nfixed-point step (exact warm states without gradient + {g} passes with it), same batch"
     )
     print(table([fp], list(fp)))
+    sample = representative_steps(cfg, model, opt)
+    peak = max(peak, matmul_flops())
+    useful = sample["useful_flops"] / sample["seconds"] / peak
+    srow = {
+        "steps": SAMPLE_STEPS, "fixed_point": sample["fixed_point_steps"],
+        "seconds": round(sample["seconds"], 2),
+        "real_tokens_share": round(sample["real_tokens"] / sample["padded_tokens"], 3),
+        "useful_gflops": round(sample["useful_flops"] / sample["seconds"] / 1e9, 1),
+        "useful_fraction_of_peak": round(useful, 3),
+    }  # fmt: skip
+    print(
+        f"\n{SAMPLE_STEPS} training steps drawn evenly across the default schedule (their own "
+        "batches, passes and fixed-point draws), FLOPs on real tokens only"
+    )
+    print(table([srow], list(srow)))
     dist_rows = [] if args.skip_distributed else distributed_throughput()
     if dist_rows:
         print(
@@ -160,6 +240,7 @@ def main() -> None:
         {
             "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
             "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
+            "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow},
         },
     )  # fmt: skip
     print(f"\nwrote {path}")
