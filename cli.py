@@ -191,6 +191,14 @@ def train(
     show: bool = typer.Option(
         False, "--show", help="Print the resolved recipe (JSON) and its phase table; train nothing."
     ),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        help="A seed study: train the recipe on these seeds ('0-4' or '0,3,7') one after "
+        "another into OUT/seed-<s> (a stopped seed resumes, a finished one is kept), then write "
+        "OUT/seed_table.csv/.md and seeds.png: eval answers and the layer-0 probe per seed, "
+        "mean, min and the seeds meeting each target.",
+    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -221,6 +229,26 @@ def train(
         own = out / "train_config.json" if resume else None
         config = str(own) if own is not None and own.is_file() else "default"
     cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
+    if seeds is not None:
+        from probes.seeds import parse_seeds, run_seed_study
+
+        seed_list = parse_seeds(seeds)
+        if resume or as_default or stop_after is not None:
+            raise ValueError(
+                "--seeds resumes by itself and takes no --resume, --as-default or --stop-after"
+            )
+        study = out or Path("runs") / f"{cfg.name}-seeds"
+
+        def one(scfg, run, again):
+            with lazy_progress(f"train {scfg.name}", scfg.steps, delay=0.0) as bar:
+                run_train(scfg, run, resume=again, progress=bar, argv=["fbt-probe", *sys.argv[1:]],
+                          device=device, max_minutes=max_minutes)  # fmt: skip
+
+        table = run_seed_study(cfg, seed_list, study, one,
+                               bars=lambda label: lazy_progress(label, 1, delay=0.0))  # fmt: skip
+        typer.echo(f"wrote {study / 'seed_table.csv'}, seed_table.md and seeds.png")
+        typer.echo(table.loc[["seeds meeting"]].dropna(axis=1).T.to_string())
+        return
     if dry_run:
         from fbt_probe.costs import dry_run as report
 
