@@ -27,17 +27,10 @@ PREFILLS = ("standard", "recurrent", "full")
 
 def parse_seeds(spec: str) -> list[int]:
     """'0-4' -> [0..4]; '0,3,7' -> [0, 3, 7]."""
-    out: list[int] = []
+    from tasks.dataset import int_range
+
     try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out += list(range(lo, hi + 1))
-            else:
-                out.append(int(part))
+        out = [n for part in spec.split(",") for n in int_range(part)]
     except ValueError:
         raise ValueError(f"--seeds {spec!r}: use a range '0-4' or a list '0,3,7'") from None
     if not out or min(out) < 0:

@@ -93,6 +93,17 @@ def content_hash(examples: list[Example]) -> str:
     return h.hexdigest()[:16]
 
 
+def int_range(part: str) -> list[int]:
+    """'7' -> [7]; '2-5' -> [2, 3, 4, 5]; ValueError for anything else."""
+    part = part.strip()
+    if "-" in part[1:]:
+        lo, hi = (int(x) for x in part.split("-", 1))
+        if hi < lo:
+            raise ValueError(part)
+        return list(range(lo, hi + 1))
+    return [int(part)]
+
+
 def parse_distractors(spec: str) -> tuple[int, ...]:
     """'0,1,4' -> (0,1,4); '0-8' -> 0..8; mixed '0,4-6'; 'default' -> 0,1,2,4,...,256."""
     spec = spec.strip()
@@ -109,13 +120,8 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
                 out += [
                     n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10)) if lo <= n <= hi
                 ]
-            elif "-" in part[1:]:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out += list(range(lo, hi + 1))
             else:
-                out.append(int(part))
+                out += int_range(part)
     except ValueError:
         raise ValueError(
             f"cannot parse distractor counts {spec!r}: use a list '0,1,4' or a range '0-16'"
