@@ -55,15 +55,15 @@ def useful_flops(cfg, examples, passes: int, warm: int, exact: bool) -> float:
     exact recurrence runs each token once, a Jacobi warm-up ``warm`` times). A forward pass
     is 2 FLOPs per weight of every matmul per token (the fusion in feedback passes) plus
     causal attention, 2·2·L·D·n(n+1)/2 for a sequence of n tokens."""
-    D, L, F, V = cfg.model.d_model, cfg.model.n_layers, cfg.model.d_mlp, cfg.model.d_vocab
-    fusion = 2 * 2 * D * D
-    mm = 2 * (L * (4 * D * D + 2 * D * F) + D * V)
+    from fbt_probe.costs import matmul_flops
+
+    L, D = cfg.model.n_layers, cfg.model.d_model
     lens = [len(ex.tokens) for ex in examples]
     tokens = sum(lens)
     attn = sum(2 * 2 * L * D * n * (n + 1) / 2 for n in lens)
 
     def forward(feedback: bool) -> float:
-        return tokens * (mm + (fusion if feedback else 0)) + attn
+        return tokens * matmul_flops(cfg.model, feedback) + attn
 
     grad_passes = sum(3 * forward(feedback=warm > 0 or k > 0) for k in range(passes))
     warm_passes = 0.0

@@ -29,15 +29,21 @@ def count_on_meta(cfg: FBTConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def matmul_flops(cfg: FBTConfig, feedback: bool) -> float:
+    """Forward FLOPs per token of one pass's matmuls: 2 per weight of the blocks and the
+    unembedding, and of the fusion in a feedback pass (2·D² gated, D² additive)."""
+    D, L, F, V = cfg.d_model, cfg.n_layers, cfg.d_mlp, cfg.d_vocab
+    fusion = {"gated": 2 * D * D, "additive": D * D, "none": 0}[cfg.fusion] if feedback else 0
+    return 2 * (L * (4 * D * D + 2 * D * F) + V * D + fusion)
+
+
 def flops_per_token(cfg: FBTConfig, passes: int, context: int | None = None) -> float:
     """Training FLOPs (forward + backward = 3 x forward) per token for a ``passes``-pass step:
     each pass 2 FLOPs per weight of every matmul (blocks and unembedding) plus causal
     attention 2·L·T·D at context T; every pass after the first also runs the fusion (2·D²)."""
-    D, L, F, V = cfg.d_model, cfg.n_layers, cfg.d_mlp, cfg.d_vocab
-    T = context or cfg.n_ctx
-    per_pass = 2 * (L * (4 * D * D + 2 * D * F) + V * D) + 2 * L * T * D
-    fusion = 2 * (2 * D * D if cfg.fusion == "gated" else D * D if cfg.fusion == "additive" else 0)
-    return 3.0 * (passes * per_pass + (passes - 1) * fusion)
+    attention = 2 * cfg.n_layers * (context or cfg.n_ctx) * cfg.d_model
+    forward = [matmul_flops(cfg, feedback=k > 0) + attention for k in range(passes)]
+    return 3.0 * sum(forward)
 
 
 def pass_equivalents(mix: list[float]) -> float:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from fbt_probe.model import FBTModel, KVCache
-from fbt_probe.recurrence import run_recurrence
+from fbt_probe.recurrence import recurrence_steps, run_recurrence
 
 STATE_HOOK = "fusion.hook_state"
 
@@ -125,20 +125,7 @@ def patched_run(
                 return _from_layer(model, trace, start, from_layer)
             if trace.passes is None:
                 carry = trace.states[:, start - 1 : start] if start > 0 else None
-                logits = []
-                for t in range(start, T):
-                    out = model.feedback_pass(
-                        emb[:, t : t + 1],
-                        carry=carry,
-                        plain=trace.plain[:, t : t + 1],
-                        offset=t,
-                        cache=cache,
-                        pass_index=None,
-                        step=t,
-                    )
-                    carry = out.states
-                    logits.append(out.logits)
-                return torch.cat(logits, dim=1)
+                return recurrence_steps(model, emb, trace.plain, cache, start, carry).logits
             prev = trace.prev
             if prev is None:  # a plain pass (standard prefill)
                 out = model.feedback_pass(

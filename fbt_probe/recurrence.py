@@ -30,9 +30,24 @@ def run_recurrence(
     model.set_context(None, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, prefix_len, tokens.device)
+    return recurrence_steps(model, emb, plain, cache)
+
+
+def recurrence_steps(
+    model: FBTModel,
+    emb: torch.Tensor,
+    plain: torch.Tensor,
+    cache: KVCache,
+    start: int = 0,
+    carry: torch.Tensor | None = None,
+) -> PassOutput:
+    """Steps ``start`` .. pos-1 of the recurrence on embeddings ``emb`` (batch, pos, d_model),
+    ``carry`` (batch, 1, d_model) being h_{start-1} and ``cache`` holding the keys and values
+    of the positions before ``start``: the whole recurrence from 0, or the rest of one (a
+    patched re-run). Returns the logits and states of positions [start, pos)."""
     logits, states = [], []
-    h_prev = None
-    for t in range(T):
+    h_prev = carry
+    for t in range(start, emb.shape[1]):
         out = model.feedback_pass(
             emb[:, t : t + 1],
             carry=h_prev,

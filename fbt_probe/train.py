@@ -488,6 +488,8 @@ def train(
         passes, warm = draw.passes, draw.warm
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
+        # one process without micro-batches keeps its own path: its per-batch normalisation is
+        # what the shipped weights were trained with, bit for bit
         if sharded:
             opt.zero_grad(set_to_none=True)
             with autocast(cfg, dev):

@@ -503,11 +503,14 @@ def run_battery(
     hooks_by_depth = depth_hooks(model)
 
     # 1. clean and twin runs, once per batch
+    rec = Record(len(pairs))
     total_state = torch.zeros(model.cfg.d_model, dtype=torch.float64)
     count = 0
     for k, b in enumerate(bs):
         b.clean = clean_run(model, b.tokens, passes)
         b.twin = clean_run(model, b.twin_tokens, passes, keep_cache=False)
+        rec.put(Key("clean", "", ""), b.idx, _answer_logits(b.clean.logits, b, 0), pairs)
+        rec.put(Key("twin", "", ""), b.idx, _answer_logits(b.twin.logits, b, 0), pairs)
         if b.clean.fed is not None:
             m = window_mask("all", b)
             total_state += b.clean.fed[m].double().sum(0).cpu()
@@ -518,11 +521,6 @@ def run_battery(
     donor = donors(pairs, bs, seed) if bs[0].clean.fed is not None else {}
     fed = [b.clean.fed for b in bs] if donor else []
     answers = [b.answer for b in bs]
-    rec = Record(len(pairs))
-    for b in bs:
-        start = 0
-        rec.put(Key("clean", "", ""), b.idx, _answer_logits(b.clean.logits, b, start), pairs)
-        rec.put(Key("twin", "", ""), b.idx, _answer_logits(b.twin.logits, b, start), pairs)
     t_clean = time.monotonic() - t0
 
     # 2. erasers and directions at each depth of the colon (cross-fitted over grouped folds)
