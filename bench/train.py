@@ -3,7 +3,9 @@ in the same run, and the cost of a k-pass step relative to k single-pass steps.
 
 The first table counts the padded batch of one point of the schedule; the honest figure is
 ``useful_fraction_of_peak``: FLOPs on real tokens only over 20 steps drawn evenly across the
-default schedule (fixed-point steps included), against the matmul peak measured in the same run.
+default schedule (fixed-point steps included), against the matmul peak measured in the same run,
+for the recipe's length-bucketed steps and for one padded batch per step (the speed-up of
+bucketing is the ratio of the two, measured step by step in the same run).
 
 Also the cost of a fixed-point step (the default's fixed-point batches: warm states from the
 exact sequential recurrence without gradient, then ``fixed_point.passes`` passes with
@@ -73,40 +75,50 @@ def useful_flops(cfg, examples, passes: int, warm: int, exact: bool) -> float:
 
 
 def representative_steps(cfg, model, opt) -> dict:
-    """Time SAMPLE_STEPS real training steps drawn evenly across the schedule (their own
-    batches, pass counts and fixed-point draws) and their useful FLOPs."""
+    """Time SAMPLE_STEPS real training steps (``train.train_step``: their own batches, pass
+    counts and fixed-point draws) drawn evenly across the schedule, with the recipe's
+    settings and again with one forward per step (``run.length_buckets`` off), alternating
+    step by step so that drift of a shared machine hits both alike; their useful FLOPs."""
     import time
 
-    from fbt_probe.train import draw_step
+    from fbt_probe.distributed import World
+    from fbt_probe.train import draw_step, step_parts, train_step
 
     stream = cfg.stream()
     picks = [int(i * cfg.steps / SAMPLE_STEPS) for i in range(SAMPLE_STEPS)]
     draws = [draw_step(cfg, stream, s) for s in picks]
-    fp = cfg.fixed_point
+    variants = {"buckets": cfg, "one_batch": cfg.with_overrides({"run.length_buckets": False})}
+    dev = torch.device("cpu")
 
-    def run(d):
-        batch = make_batch(d.examples)
-        torch.manual_seed(d.jitter_seed)
-        init = warm_states(model, batch, d.warm, fp.exact) if d.warm else None
-        prefix = None if d.prefix is None else torch.tensor(d.prefix)
-        loss, _ = multipass_loss(model, batch, d.passes, cfg, prefix, init, first_pass=d.warm)
+    def run(c, d):
         opt.zero_grad()
-        loss.backward()
+        train_step(model, model, d, c, World(), dev)
         opt.step()
-        return batch
 
-    run(draws[len(draws) // 2])  # warm-up
-    total_s, total_flops, real, padded = 0.0, 0.0, 0, 0
+    run(cfg, draws[len(draws) // 2])  # warm-up
+    secs = dict.fromkeys(variants, 0.0)
     for d in draws:
-        t0 = time.perf_counter()
-        batch = run(d)
-        total_s += time.perf_counter() - t0
-        total_flops += useful_flops(cfg, d.examples, d.passes, d.warm, fp.exact)
-        real += batch.n_tokens
-        padded += batch.tokens.numel()
+        for name, c in variants.items():
+            t0 = time.perf_counter()
+            run(c, d)
+            secs[name] += time.perf_counter() - t0
+    flops = sum(
+        useful_flops(cfg, d.examples, d.passes, d.warm, cfg.fixed_point.exact) for d in draws
+    )
+    real = sum(len(ex.tokens) for d in draws for ex in d.examples)
+
+    def padded(c):
+        total = 0
+        for d in draws:
+            lens = [len(ex.tokens) for ex in d.examples]
+            for p in step_parts(len(lens), lens, c, World()):
+                total += len(p) * max(lens[i] for i in p)
+        return total
+
     return {"steps": picks, "fixed_point_steps": sum(d.warm > 0 for d in draws),
-            "passes": [d.passes for d in draws], "seconds": total_s,
-            "useful_flops": total_flops, "real_tokens": real, "padded_tokens": padded}  # fmt: skip
+            "passes": [d.passes for d in draws], "seconds": secs["buckets"],
+            "seconds_one_batch": secs["one_batch"], "useful_flops": flops, "real_tokens": real,
+            "padded_tokens": padded(cfg), "padded_tokens_one_batch": padded(variants["one_batch"])}  # fmt: skip
 
 
 def _train_part(world, out: str) -> None:
@@ -217,18 +229,23 @@ def main() -> None:
     sample = representative_steps(cfg, model, opt)
     peak = max(peak, matmul_flops())
     useful = sample["useful_flops"] / sample["seconds"] / peak
-    srow = {
-        "steps": SAMPLE_STEPS, "fixed_point": sample["fixed_point_steps"],
-        "seconds": round(sample["seconds"], 2),
-        "real_tokens_share": round(sample["real_tokens"] / sample["padded_tokens"], 3),
-        "useful_gflops": round(sample["useful_flops"] / sample["seconds"] / 1e9, 1),
-        "useful_fraction_of_peak": round(useful, 3),
-    }  # fmt: skip
+    srows = []
+    for name, key, pad in (("length buckets (the recipe)", "seconds", "padded_tokens"),
+                           ("one batch per step", "seconds_one_batch", "padded_tokens_one_batch")):  # fmt: skip
+        srows.append({
+            "layout": name, "steps": SAMPLE_STEPS, "fixed_point": sample["fixed_point_steps"],
+            "seconds": round(sample[key], 2),
+            "real_tokens_share": round(sample["real_tokens"] / sample[pad], 3),
+            "useful_gflops": round(sample["useful_flops"] / sample[key] / 1e9, 1),
+            "useful_fraction_of_peak": round(sample["useful_flops"] / sample[key] / peak, 3),
+            "speedup": round(sample["seconds_one_batch"] / sample[key], 3),
+        })  # fmt: skip
+    srow = srows[0]
     print(
         f"\n{SAMPLE_STEPS} training steps drawn evenly across the default schedule (their own "
         "batches, passes and fixed-point draws), FLOPs on real tokens only"
     )
-    print(table([srow], list(srow)))
+    print(table(srows, list(srows[0])))
     dist_rows = [] if args.skip_distributed else distributed_throughput()
     if dist_rows:
         print(
@@ -240,7 +257,7 @@ def main() -> None:
         {
             "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
             "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
-            "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow},
+            "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow}, "layouts": srows,
         },
     )  # fmt: skip
     print(f"\nwrote {path}")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from fbt_probe.checkpoint import save_model, write_text
 from fbt_probe.distributed import World, rank_device, rows
-from fbt_probe.model import FBTModel
+from fbt_probe.model import FBTModel, JitterNoise
 from fbt_probe.recipes import named_config  # noqa: F401  (re-exported: the recipes by name)
 from fbt_probe.recurrence import run_recurrence
 from fbt_probe.schedule import Plan, plan_at
@@ -474,7 +474,6 @@ def train(
         # which steps are one-pass changes along the schedule, so the graph is not static
         # (static_graph would assume every step uses the same parameters)
         net = DistributedDataParallel(model, find_unused_parameters=True)
-    sharded = world.size > 1 or cfg.optim.accum > 1
     stream = cfg.stream()
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()
@@ -488,31 +487,14 @@ def train(
         passes, warm = draw.passes, draw.warm
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        # one process without micro-batches keeps its own path: its per-batch normalisation is
-        # what the shipped weights were trained with, bit for bit
-        if sharded:
-            opt.zero_grad(set_to_none=True)
-            with autocast(cfg, dev):
-                lv, stats, n_tokens = sharded_step(net, model, draw, cfg, world, dev)
-        else:
-            batch = make_batch(draw.examples).to(dev)
-            n_tokens = batch.n_tokens
-            prefix = None if draw.prefix is None else torch.tensor(draw.prefix, device=dev)
-            torch.manual_seed(draw.jitter_seed)  # jitter noise, reproducible per step
-            with autocast(cfg, dev):
-                init = warm_states(model, batch, warm, cfg.fixed_point.exact) if warm else None
-                loss, stats = multipass_loss(
-                    model, batch, passes, cfg, prefix, init, first_pass=warm
-                )
-            lv = loss.item()
+        opt.zero_grad(set_to_none=True)
+        with autocast(cfg, dev):
+            lv, stats, n_tokens = train_step(net, model, draw, cfg, world, dev)
         if diverged(lv / passes, recent):
             raise Divergence(
                 f"training diverged at step {step} (loss per pass {lv / passes:.4g}, recent median "
                 f"{np.median(recent) if recent else float('nan'):.4g}); the last good checkpoint is in {out}"
             )
-        if not sharded:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
         for prefix_name in draw.plan.frozen:
             for p in frozen[prefix_name]:
                 p.grad = None  # AdamW skips it: no update, no weight decay
@@ -622,42 +604,89 @@ def autocast(cfg: TrainConfig, dev: torch.device):
     return nullcontext()
 
 
-def sharded_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: World, dev):
-    """Forward and backward of this rank's rows of a step's batch, as ``optim.accum``
-    micro-batches; the gradients (averaged by DDP over the ranks) are those of the whole
-    batch. Returns the whole batch's loss, per-pass stats and token count (summed over the
-    ranks)."""
+# Cost of a sub-batch in padded-token units: every padded position costs 1, attention adds
+# length / ATTN_TOKENS per position, and each sub-batch a fixed BUCKET_OVERHEAD (the calls of a
+# pass that do not grow with the batch). Measured on a 2-core Xeon with the default model;
+# bench/train.py reports what bucketing gains.
+BUCKET_OVERHEAD = 200.0
+ATTN_TOKENS = 460.0
+
+
+def length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Split rows with these lengths into sub-batches (lists of row indices, each sorted by
+    length) that minimise the modelled cost: rows x (longest + longest^2 / ATTN_TOKENS) +
+    BUCKET_OVERHEAD per sub-batch, by dynamic programming over the rows sorted by length."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    sorted_len = [lengths[i] for i in order]
+    n = len(order)
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        t = sorted_len[j - 1]
+        per_row = t + t * t / ATTN_TOKENS
+        for i in range(j):
+            c = best[i] + BUCKET_OVERHEAD + (j - i) * per_row
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    parts, j = [], n
+    while j > 0:
+        parts.append(order[cut[j] : j])
+        j = cut[j]
+    return parts[::-1]
+
+
+def step_parts(n: int, lengths: list[int], cfg: TrainConfig, world: World) -> list[list[int]]:
+    """The rows of a step's batch that this rank runs, as the forwards it runs them in: its
+    contiguous rows, as ``optim.accum`` micro-batches, each split into length buckets
+    (``run.length_buckets``; not under FSDP, where every rank must make the same calls)."""
+    lo, hi = rows(n, world.rank, world.size)
+    parts = []
+    for m in range(cfg.optim.accum):
+        a, b = rows(hi - lo, m, cfg.optim.accum)
+        idx = list(range(lo + a, lo + b))
+        if cfg.run.length_buckets and not cfg.run.fsdp:
+            parts += [[idx[i] for i in p] for p in length_buckets([lengths[i] for i in idx])]
+        else:
+            parts.append(idx)
+    return parts
+
+
+def train_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: World, dev):
+    """Forward and backward of one step: this rank's rows of the step's batch (all of them
+    in one process), one forward per part (``step_parts``). Every mean is over the whole
+    batch, so the gradients (averaged by DDP over the ranks) are those of the whole batch
+    whatever the split. Returns the whole batch's loss, per-pass stats and token count."""
     from contextlib import nullcontext
 
     full = draw.examples
     n_valid, n_answer, n, T = batch_counts(full)
-    lo, hi = rows(n, world.rank, world.size)
+    parts = step_parts(n, [len(ex.tokens) for ex in full], cfg, world)
+    noise = JitterNoise(draw.jitter_seed, T, cfg.model.d_model, dev)
     loss_sum, stats_sum, tokens = 0.0, None, 0
-    for m in range(cfg.optim.accum):
-        a, b = rows(hi - lo, m, cfg.optim.accum)
-        a, b = lo + a, lo + b
-        mb = make_batch(full[a:b], pad_to=T if cfg.run.fsdp else None).to(dev)
-        prefix = None if draw.prefix is None else torch.tensor(draw.prefix[a:b], device=dev)
-        torch.manual_seed(draw.jitter_seed)  # each part draws the whole batch's noise...
-        model.noise_layout = (n, T, a)  # ...and keeps its own rows of it
+    for j, idx in enumerate(parts):
+        mb = make_batch([full[i] for i in idx], pad_to=T if cfg.run.fsdp else None).to(dev)
+        prefix = None if draw.prefix is None else torch.tensor(draw.prefix[idx], device=dev)
+        model.jitter_rows = (noise, torch.tensor(idx, device=dev))
         try:
             init = warm_states(model, mb, draw.warm, cfg.fixed_point.exact) if draw.warm else None
-            last = m == cfg.optim.accum - 1
-            # FSDP reduces every micro-batch's gradients (no no_sync); DDP only the last's
+            last = j == len(parts) - 1
+            # FSDP reduces every part's gradients (no no_sync); DDP only the last's
             sync = nullcontext() if last or world.size == 1 or cfg.run.fsdp else net.no_sync()
             with sync:
                 loss, stats = multipass_loss(net, mb, draw.passes, cfg, prefix, init,
                                              first_pass=draw.warm, counts=(n_valid, n_answer, n))  # fmt: skip
                 (loss * world.size).backward()  # DDP averages over ranks: undo it
         finally:
-            model.noise_layout = None
+            model.jitter_rows = None
         loss_sum += loss.item()
         tokens += mb.n_tokens
         flat = [v for st in stats for v in st.values()]
         stats_sum = (
             flat if stats_sum is None else [x + y for x, y in zip(stats_sum, flat, strict=True)]
         )
-    total = world.all_sum([loss_sum, float(tokens), *stats_sum], dev)
+    if world.size > 1:
+        total = world.all_sum([loss_sum, float(tokens), *stats_sum], dev)
+    else:
+        total = [loss_sum, float(tokens), *stats_sum]
     keys = list(stats[0])
     merged = [dict(zip(keys, total[2 + i * len(keys) : 2 + (i + 1) * len(keys)], strict=True))
               for i in range(len(stats))]  # fmt: skip

@@ -131,6 +131,9 @@ class RunConfig:
     checkpoint_every: int = 250
     # CUDA only: run forward and backward under bf16 autocast (the weights and AdamW stay fp32)
     bf16: bool = False
+    # split each step's batch into sub-batches of similar length (``train.length_buckets``),
+    # so that padding is not computed; the examples, passes and losses are the same
+    length_buckets: bool = True
     # under torchrun: shard parameters, gradients and AdamW state over the ranks (FSDP's
     # fully_shard) instead of replicating them (DDP), for a model that does not fit one device
     fsdp: bool = False

@@ -546,3 +546,59 @@ def test_cuda_training_matches_cpu(tmp_path):
     got = json.loads(r.output)
     assert set(got) == {"delayed_memory", "done_tracking", "multi_register"}
     assert all(set(v) == {"standard", "fused"} for v in got.values())
+
+
+def test_length_buckets_partition_the_rows_and_cut_the_padding():
+    lengths = [12, 250, 14, 240, 13, 120, 11, 118, 245, 15]
+    parts = T.length_buckets(lengths)
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    assert all([lengths[i] for i in p] == sorted(lengths[i] for i in p) for p in parts)
+    padded = sum(len(p) * max(lengths[i] for i in p) for p in parts)
+    assert 1 < len(parts) < len(lengths) and padded < 0.6 * len(lengths) * max(lengths)
+    assert T.length_buckets([40] * 8) == [list(range(8))]  # equal lengths: one batch
+
+
+def _step_grads(cfg, draw):
+    from fbt_probe.distributed import World
+
+    model = FBTModel(cfg.model, seed=0).train()
+    loss, stats, tokens = T.train_step(model, model, draw, cfg, World(), torch.device("cpu"))
+    return loss, stats, tokens, {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_a_length_bucketed_step_equals_the_whole_batch_step():
+    """Buckets change only the layout: the loss, the per-pass stats and every gradient are
+    those of the step's batch run as one (jitter on: each row keeps its own noise), for a
+    plain multi-pass step and for a fixed-point step with exact warm states."""
+    cfg = named_config("default")
+    stream = cfg.stream()
+    plain = T.draw_step(cfg, stream, 1610)  # long counts, two passes
+    fixed = next(
+        d
+        for s in range(2000, 2300)
+        if (d := T.draw_step(cfg, stream, s)).warm
+        and len(T.length_buckets([len(ex.tokens) for ex in d.examples])) > 1
+    )
+    whole = cfg.with_overrides({"run.length_buckets": False})
+    for draw in (plain, fixed):
+        lengths = [len(ex.tokens) for ex in draw.examples]
+        assert len(T.length_buckets(lengths)) > 1
+        l0, s0, n0, g0 = _step_grads(whole, draw)
+        l1, s1, n1, g1 = _step_grads(cfg, draw)
+        assert n0 == n1 == sum(lengths)
+        assert abs(l1 - l0) <= 1e-5 * abs(l0)
+        for a, b in zip(s0, s1, strict=True):
+            assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-5 for k in a)
+        assert g0.keys() == g1.keys()
+        for n in g0:
+            torch.testing.assert_close(g1[n], g0[n], atol=1e-6, rtol=1e-4)
+
+
+def test_jitter_noise_depends_on_the_row_not_on_the_split():
+    from fbt_probe.model import JitterNoise
+
+    a, b = JitterNoise(7, 20, 4), JitterNoise(7, 20, 4)
+    whole = a.take(1, torch.arange(6), 20)
+    assert torch.equal(b.take(1, torch.tensor([4, 1]), 9), whole[[4, 1], :9])
+    assert not torch.equal(a.take(0, torch.arange(6), 20), whole)  # each pass its own noise
+    assert not torch.equal(JitterNoise(8, 20, 4).take(1, torch.arange(6), 20), whole)
