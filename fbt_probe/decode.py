@@ -63,7 +63,7 @@ def generate(
         raise ValueError("max_new_tokens must be >= 1")
     B, T = prompt.shape
     gen = torch.Generator(device=prompt.device).manual_seed(seed) if seed is not None else None
-    cache = KVCache(model.cfg, B, T + max_new_tokens - 1, device=prompt.device)
+    cache = model.new_cache(B, T + max_new_tokens - 1, device=prompt.device)
     out = prefill(model, prompt, mode, cache)
     h = out.states[:, -1:]  # (batch, 1, d_model)
     tok = _pick(out.logits[:, -1], temperature, gen)

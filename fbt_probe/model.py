@@ -213,77 +213,22 @@ class JitterNoise:
         return torch.stack(out)
 
 
-class FBTModel(HookedRootModule):
-    """Full-bandwidth transformer with TransformerLens hooks on every component."""
+class FeedbackModel(HookedRootModule):
+    """What every full-bandwidth model shares: the fusion of the fed-back state
+    (``feedback_pass``, the one place where states are shifted and fused), the multi-pass
+    (Jacobi) forward, per-pass caches and the hook context. A subclass provides ``cfg``
+    (``d_model``, ``n_layers``, ``d_vocab``, ``n_ctx``, ``fusion``, ``jitter``), ``fusion``,
+    ``embed(tokens)``, ``stack(x, offset, cache, from_layer)`` and ``new_cache(batch, length)``;
+    ``_hook_points`` and ``context`` are set in its ``__init__``."""
 
-    def __init__(self, cfg: FBTConfig, seed: int | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))  # tied with the unembedding
-        self.hook_embed = HookPoint()  # (batch, pos, d_model): e_t
-        self.fusion = Fusion(cfg)
-        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
-        self.ln_final = FinalNorm(cfg.d_model, cfg.norm_eps)
-        if cfg.positional == "rotary":
-            cos, sin = rotary_tables(cfg)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
-        self.context = {"pass": 0, "step": None, "offset": 0}  # what the hooks are firing for
-        # training: the step's jitter noise and the rows of it this forward's batch holds
-        self.jitter_rows: tuple[JitterNoise, torch.Tensor] | None = None
-        self.init_weights(seed)
-        self.setup()
-        self._hook_points = list(self.hook_dict.values())
-
-    # ---- weights -------------------------------------------------------------------
-    def init_weights(self, seed: int | None = None) -> None:
-        g = torch.Generator().manual_seed(seed) if seed is not None else None
-        std = self.cfg.init_std
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith(".w"):
-                    p.fill_(1.0)
-                else:  # W_E too: tied, so a large init would make every token predict itself
-                    p.normal_(0.0, std, generator=g)
-
-    @property
-    def rope(self):
-        return (self.rope_cos, self.rope_sin) if self.cfg.positional == "rotary" else None
-
-    # ---- pieces --------------------------------------------------------------------
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, pos) -> e (batch, pos, d_model)."""
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
-            raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
-        # F.embedding, not W_E[tokens]: the indexing's backward (index_put_ with accumulate)
-        # sums W_E's gradient in a thread-dependent order on the CPU, so two runs of the same
-        # training differed by 1e-7 at some step and then drifted apart (docs/history/training-log.md)
-        return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
+    def new_cache(self, batch: int, max_len: int, device=None):
+        raise NotImplementedError
 
     def set_context(self, pass_index: int | None, step: int | None, offset: int) -> None:
         """Record what fires the hooks next, in ``model.context`` and every ``hook.ctx``."""
         self.context = {"pass": pass_index, "step": step, "offset": offset}
         for hp in self._hook_points:
             hp.ctx.update(self.context)
-
-    def stack(
-        self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None, from_layer: int = 0
-    ) -> PassOutput:
-        """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos).
-
-        ``from_layer`` > 0: x is the input of that block and the blocks below are skipped
-        (an intervention at that depth re-runs only what it can change)."""
-        if offset + x.shape[1] > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
-            )
-        rope = self.rope
-        for block in self.blocks[from_layer:]:
-            x = block(x, rope, offset, cache)
-        h = self.ln_final(x)
-        if cache is not None:
-            cache.length = offset + x.shape[1]
-        return PassOutput(logits=h @ self.W_E.T, states=h)
 
     def fuse(
         self, prev_states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor | None
@@ -428,6 +373,77 @@ class FBTModel(HookedRootModule):
         with self.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
             out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths)
         return out, cap.caches()
+
+
+class FBTModel(FeedbackModel):
+    """Full-bandwidth transformer with TransformerLens hooks on every component."""
+
+    def __init__(self, cfg: FBTConfig, seed: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))  # tied with the unembedding
+        self.hook_embed = HookPoint()  # (batch, pos, d_model): e_t
+        self.fusion = Fusion(cfg)
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.ln_final = FinalNorm(cfg.d_model, cfg.norm_eps)
+        if cfg.positional == "rotary":
+            cos, sin = rotary_tables(cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.context = {"pass": 0, "step": None, "offset": 0}  # what the hooks are firing for
+        # training: the step's jitter noise and the rows of it this forward's batch holds
+        self.jitter_rows: tuple[JitterNoise, torch.Tensor] | None = None
+        self.init_weights(seed)
+        self.setup()
+        self._hook_points = list(self.hook_dict.values())
+
+    # ---- weights -------------------------------------------------------------------
+    def init_weights(self, seed: int | None = None) -> None:
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_std
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".w"):
+                    p.fill_(1.0)
+                else:  # W_E too: tied, so a large init would make every token predict itself
+                    p.normal_(0.0, std, generator=g)
+
+    @property
+    def rope(self):
+        return (self.rope_cos, self.rope_sin) if self.cfg.positional == "rotary" else None
+
+    def new_cache(self, batch: int, max_len: int, device=None) -> KVCache:
+        """An empty KV cache for ``batch`` sequences of up to ``max_len`` positions."""
+        return KVCache(self.cfg, batch, max_len, device=device)
+
+    # ---- pieces --------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, pos) -> e (batch, pos, d_model)."""
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+            raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
+        # F.embedding, not W_E[tokens]: the indexing's backward (index_put_ with accumulate)
+        # sums W_E's gradient in a thread-dependent order on the CPU, so two runs of the same
+        # training differed by 1e-7 at some step and then drifted apart (docs/history/training-log.md)
+        return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
+
+    def stack(
+        self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None, from_layer: int = 0
+    ) -> PassOutput:
+        """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos).
+
+        ``from_layer`` > 0: x is the input of that block and the blocks below are skipped
+        (an intervention at that depth re-runs only what it can change)."""
+        if offset + x.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
+            )
+        rope = self.rope
+        for block in self.blocks[from_layer:]:
+            x = block(x, rope, offset, cache)
+        h = self.ln_final(x)
+        if cache is not None:
+            cache.length = offset + x.shape[1]
+        return PassOutput(logits=h @ self.W_E.T, states=h)
 
 
 class PositionCapture:

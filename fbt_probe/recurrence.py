@@ -26,7 +26,7 @@ def run_recurrence(
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be (batch, pos), got shape {tuple(tokens.shape)}")
     B, T = tokens.shape
-    cache = cache if cache is not None else KVCache(model.cfg, B, T, device=tokens.device)
+    cache = cache if cache is not None else model.new_cache(B, T, device=tokens.device)
     model.set_context(None, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, prefix_len, tokens.device)

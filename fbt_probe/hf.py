@@ -1,0 +1,291 @@
+"""Any Hugging Face causal LM as a full-bandwidth model: the fusion in front of its stack.
+
+``HFFeedbackModel`` wraps an ``AutoModelForCausalLM``. Pass k's block-0 input is the fusion of
+pass k-1's top state (the last hidden state, after the model's final norm) with the token's
+plain embedding, given to the model as ``inputs_embeds``; the logits come from the model's own
+head. Everything else is ``FeedbackModel``'s, as for the built-in model: the Jacobi forward,
+``feedback_pass`` (so the exact recurrence, decoding, per-pass caches and the hook context work
+unchanged) and the TransformerLens hook names ``hook_embed``, ``blocks.{l}.hook_resid_pre``,
+``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized`` and ``fusion.*``. The block hooks
+are HookPoints of our own, attached to the Hugging Face modules with PyTorch module hooks
+(``docs/design.md`` says why not TransformerLens's bridge).
+
+A model folder is what ``save_pretrained`` writes (the model and its tokenizer) plus
+``fusion.safetensors`` and ``fusion_config.json``. A folder without the fusion files is an
+upcycling start: a fresh fusion (``init_fusion``). Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from transformer_lens.hook_points import HookPoint
+
+from fbt_probe.config import FUSIONS
+from fbt_probe.fusion import Fusion
+from fbt_probe.model import FeedbackModel, PassOutput
+
+FUSION_CONFIG = "fusion_config.json"
+FUSION_WEIGHTS = "fusion.safetensors"
+FORMAT = "fbt-probe-hf-fusion"
+
+# where each family keeps its decoder layers and final norm, under ``model.base_model``
+LAYER_LISTS = ("layers", "h")
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm")
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """What fbt-probe needs to know of a wrapped model (read from its Hugging Face config)
+    and the fusion's own settings."""
+
+    architecture: str
+    d_model: int
+    n_layers: int
+    d_vocab: int
+    n_ctx: int
+    fusion: str = "gated"
+    jitter: float = 0.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"invalid fusion config: fusion must be one of {FUSIONS}")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError(f"invalid fusion config: jitter must be in [0, 1), got {self.jitter}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def fusion_dict(self) -> dict:
+        """The part ``fusion_config.json`` holds (the rest is the Hugging Face config's)."""
+        return {"format": FORMAT, "version": 1, "fusion": self.fusion, "jitter": self.jitter,
+                "norm_eps": self.norm_eps, "d_model": self.d_model}  # fmt: skip
+
+
+class _BlockHooks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hook_resid_pre = HookPoint()  # (batch, pos, d_model): the layer's input
+        self.hook_resid_post = HookPoint()  # (batch, pos, d_model): its output
+
+
+class _FinalHooks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hook_normalized = HookPoint()  # (batch, pos, d_model): the top state h
+
+
+def _find(module: nn.Module, names: tuple[str, ...], what: str, arch: str):
+    for n in names:
+        if hasattr(module, n):
+            return getattr(module, n)
+    raise ValueError(
+        f"{arch}: cannot find its {what} (looked for {', '.join(names)} on the base model); "
+        "fbt-probe supports Llama-, GPT-2-, Qwen2- and GPT-NeoX-style models"
+    )
+
+
+class HFFeedbackModel(FeedbackModel):
+    """A Hugging Face causal LM with the full-bandwidth fusion (see the module docstring)."""
+
+    def __init__(self, hf_model: nn.Module, cfg: HFConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.hf = hf_model
+        self.hook_embed = HookPoint()  # (batch, pos, d_model): e_t
+        self.fusion = Fusion(cfg)
+        base = hf_model.base_model
+        self._layers = _find(base, LAYER_LISTS, "decoder layers", cfg.architecture)
+        self._final_norm = _find(base, FINAL_NORMS, "final norm", cfg.architecture)
+        self.blocks = nn.ModuleList([_BlockHooks() for _ in range(cfg.n_layers)])
+        self.ln_final = _FinalHooks()
+        for layer, hooks in zip(self._layers, self.blocks, strict=True):
+            layer.register_forward_pre_hook(_pre_hook(hooks.hook_resid_pre), with_kwargs=True)
+            layer.register_forward_hook(_post_hook(hooks.hook_resid_post))
+        self._final_norm.register_forward_hook(_post_hook(self.ln_final.hook_normalized))
+        self.context = {"pass": 0, "step": None, "offset": 0}
+        self.jitter_rows = None
+        self.setup()
+        self._hook_points = list(self.hook_dict.values())
+
+    # ---- the interface FeedbackModel needs ---------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, pos) -> the model's own input embeddings (batch, pos, d_model)."""
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):
+            raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
+        return self.hook_embed(self.hf.get_input_embeddings()(tokens))
+
+    def new_cache(self, batch: int, max_len: int, device=None):
+        """An empty Hugging Face KV cache (grows as positions are added)."""
+        from transformers import DynamicCache
+
+        if max_len > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {max_len} tokens exceeds the context length {self.cfg.n_ctx}"
+            )
+        return DynamicCache(config=self.hf.config)
+
+    def stack(
+        self, x: torch.Tensor, offset: int = 0, cache=None, from_layer: int = 0
+    ) -> PassOutput:
+        """The model's stack on inputs x (batch, pos, d_model) at positions [offset, offset+pos);
+        with ``cache``, keys and values of positions >= offset are replaced."""
+        if from_layer:
+            raise ValueError("a Hugging Face model runs its stack whole (from_layer must be 0)")
+        T = x.shape[1]
+        if offset + T > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds the context length {self.cfg.n_ctx}"
+            )
+        if cache is not None:
+            have = cache.get_seq_length()
+            if have > offset:
+                cache.crop(offset)
+            elif have < offset:
+                raise ValueError(f"the cache holds {have} positions; cannot run from {offset}")
+        pos = torch.arange(offset, offset + T, device=x.device)[None].expand(x.shape[0], T)
+        out = self.hf.base_model(
+            inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
+        )
+        h = out.last_hidden_state
+        return PassOutput(logits=self.hf.get_output_embeddings()(h), states=h)
+
+
+def _pre_hook(hp: HookPoint):
+    def hook(module, args, kwargs):
+        if args:
+            return (hp(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hp(kwargs["hidden_states"])}
+
+    return hook
+
+
+def _post_hook(hp: HookPoint):
+    def hook(module, args, output):
+        if isinstance(output, tuple):
+            return (hp(output[0]), *output[1:])
+        return hp(output)
+
+    return hook
+
+
+# ---- folders -------------------------------------------------------------------------------
+def is_hf_folder(path: Path) -> bool:
+    """A folder that ``save_pretrained`` wrote (a Hugging Face ``config.json``)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return "architectures" in json.loads(cfg.read_text()) or "model_type" in json.loads(
+            cfg.read_text()
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def hf_config_of(hf_model: nn.Module, fusion: str = "gated", jitter: float = 0.0,
+                 norm_eps: float = 1e-6) -> HFConfig:  # fmt: skip
+    c = hf_model.config
+    arch = (getattr(c, "architectures", None) or [type(hf_model).__name__])[0]
+    n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+    return HFConfig(
+        architecture=arch,
+        d_model=int(c.hidden_size),
+        n_layers=int(c.num_hidden_layers),
+        d_vocab=int(hf_model.get_output_embeddings().weight.shape[0]),
+        n_ctx=int(n_ctx or 2048),
+        fusion=fusion,
+        jitter=jitter,
+        norm_eps=norm_eps,
+    )
+
+
+@torch.no_grad()
+def init_fusion(model: HFFeedbackModel, seed: int = 0) -> None:
+    """A fresh fusion for an upcycling start. W_U and W_G are drawn N(0, 1/d_model), so the
+    value W_U h keeps the scale of h and the gate starts near 0.5; the norm's gain is the RMS
+    of the model's input-embedding rows, so a fused input starts at the scale of a token
+    embedding (the stack never sees an input far larger than the ones it was trained on)."""
+    g = torch.Generator().manual_seed(seed)
+    d = model.cfg.d_model
+    f = model.fusion
+    for p in (f.W_U, f.W_G):
+        if p is not None:
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(d))
+    emb = model.hf.get_input_embeddings().weight.float()
+    f.norm.w.fill_(float(emb.pow(2).mean(-1).sqrt().mean()))
+
+
+def load_hf(path: str | Path, device="cpu", fusion: str = "gated") -> HFFeedbackModel:
+    """A model folder (``save_pretrained`` plus, if present, the fusion files) as an
+    ``HFFeedbackModel`` in eval mode. Without fusion files: a fresh fusion (upcycling)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model folder not found: {path} (a Hugging Face model must be saved locally, "
+            "e.g. with save_pretrained; nothing is downloaded)"
+        )
+    fcfg_path, fw_path = path / FUSION_CONFIG, path / FUSION_WEIGHTS
+    spec = {"fusion": fusion, "jitter": 0.0, "norm_eps": 1e-6}
+    if fcfg_path.is_file() != fw_path.is_file():
+        have, miss = (
+            (FUSION_CONFIG, FUSION_WEIGHTS)
+            if fcfg_path.is_file()
+            else (FUSION_WEIGHTS, FUSION_CONFIG)
+        )
+        raise ValueError(f"{path} has {have} but no {miss}: both or neither")  # fmt: skip
+    if fcfg_path.is_file():
+        try:
+            saved = json.loads(fcfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{fcfg_path} is not valid JSON ({e.msg})") from None
+        if saved.get("format") != FORMAT:
+            raise ValueError(f"{fcfg_path} is not an fbt-probe fusion config")
+        spec = {k: saved[k] for k in spec if k in saved}
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a loadable Hugging Face model ({first})") from None
+    hf.eval()
+    cfg = hf_config_of(hf, **spec)
+    model = HFFeedbackModel(hf, cfg)
+    if fw_path.is_file():
+        weights = load_file(str(fw_path))
+        mine = model.fusion.state_dict()
+        bad = sorted(set(weights) ^ set(mine)) or [
+            k for k in mine if tuple(weights[k].shape) != tuple(mine[k].shape)
+        ]
+        if bad or saved.get("d_model") != cfg.d_model:
+            raise ValueError(
+                f"{fw_path} does not match {FUSION_CONFIG} and the model "
+                f"(fusion {cfg.fusion!r}, d_model {cfg.d_model}; mismatched: {', '.join(bad) or 'd_model'})"
+            )
+        model.fusion.load_state_dict(weights)
+    else:
+        init_fusion(model)
+    return model.to(device).eval()
+
+
+def save_hf(model: HFFeedbackModel, out: str | Path, tokenizer=None) -> Path:
+    """Write the model folder: ``save_pretrained`` (and the tokenizer's), then the fusion."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.hf.save_pretrained(str(out))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.fusion.state_dict().items()}
+    save_file(sd, str(out / FUSION_WEIGHTS), metadata={"format": FORMAT})
+    (out / FUSION_CONFIG).write_text(json.dumps(model.cfg.fusion_dict(), indent=2) + "\n")
+    return out

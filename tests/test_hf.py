@@ -1,0 +1,164 @@
+"""Hugging Face causal LMs as full-bandwidth models (fbt_probe.hf), on tiny random models built
+from configs here and saved with save_pretrained into temporary folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fbt_probe.decode import generate
+from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
+from fbt_probe.recurrence import run_recurrence
+
+transformers = pytest.importorskip("transformers")
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+VOCAB = 61
+
+
+def tiny_hf(family: str, seed: int = 0):
+    torch.manual_seed(seed)
+    if family == "llama":
+        c = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+        return transformers.LlamaForCausalLM(c)
+    if family == "gpt2":
+        c = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                    n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
+                                    attn_pdrop=0.0)  # fmt: skip
+        return transformers.GPT2LMHeadModel(c)
+    if family == "qwen2":
+        c = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+        return transformers.Qwen2ForCausalLM(c)
+    c = transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   max_position_embeddings=128)  # fmt: skip
+    return transformers.GPTNeoXForCausalLM(c)
+
+
+FAMILIES = ["llama", "gpt2", "qwen2", "gpt_neox"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def folder(request, tmp_path_factory):
+    """A plain save_pretrained folder (no fusion files: an upcycling start)."""
+    out = tmp_path_factory.mktemp(request.param)
+    tiny_hf(request.param).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    m = load_hf(folder)
+    with torch.no_grad():  # a fusion that matters: the fresh one is close to a constant gate
+        g = torch.Generator().manual_seed(1)
+        for p in m.fusion.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return m
+
+
+def toks(B=2, T=9, seed=0):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_pass_one_equals_the_models_own_logits(model):
+    t = toks()
+    ref = model.hf(input_ids=t).logits
+    out = model(t, passes=1)
+    assert (out.logits - ref).abs().max() <= 1e-5
+    # the top state is the last hidden state after the final norm: the head maps it to logits
+    hs = model.hf(input_ids=t, output_hidden_states=True).hidden_states[-1]
+    torch.testing.assert_close(out.states, hs, **TOL)
+
+
+@torch.no_grad()
+def test_k_jacobi_passes_equal_the_exact_recurrence_on_the_first_k_positions(model):
+    t = toks(T=8)
+    rec = run_recurrence(model, t)
+    out = model(t, passes=4)
+    for k in range(1, 5):
+        torch.testing.assert_close(out.passes[k - 1].states[:, :k], rec.states[:, :k], **TOL)
+    assert (out.passes[3].states[:, 5:] - rec.states[:, 5:]).abs().max() > 1e-4
+
+
+def _recompute(model: HFFeedbackModel, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """Top states of the whole stack over these block-0 inputs, no cache."""
+    x = torch.stack(inputs, 1)
+    return model.hf.base_model(inputs_embeds=x, use_cache=False).last_hidden_state
+
+
+def _fuse(model: HFFeedbackModel, h_prev, e):
+    f = model.fusion
+    v = (h_prev @ f.W_U.T) * torch.sigmoid(e @ f.W_G.T)
+    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + f.norm.eps) * f.norm.w
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", ["standard", "soft", "fused", "full"])
+def test_kv_cached_decoding_equals_recomputation(model, mode):
+    prompt = toks(T=6, seed=3)
+    new, states = generate(model, prompt, mode=mode, max_new_tokens=4, return_states=True)
+    seq = torch.cat([prompt, new], dim=1)
+    T = prompt.shape[1]
+    e = model.hf.get_input_embeddings()(seq)
+    head = model.hf.get_output_embeddings()
+    if mode in ("standard", "soft"):
+        inputs = list(e[:, :T].unbind(1))
+    else:
+        hs = _recompute(model, list(e[:, :T].unbind(1)))
+        if mode == "full":
+            hs = run_recurrence(model, prompt).states
+        inputs = [e[:, 0]] + [_fuse(model, hs[:, i - 1], e[:, i]) for i in range(1, T)]
+    h = _recompute(model, inputs)
+    assert torch.equal(head(h[:, -1]).argmax(-1), new[:, 0])
+    ref = [h[:, -1]]
+    for j in range(1, 4):
+        i = T + j - 1
+        inputs.append(e[:, i] if mode == "standard" else _fuse(model, h[:, i - 1], e[:, i]))
+        h = _recompute(model, inputs)
+        assert torch.equal(head(h[:, -1]).argmax(-1), new[:, j])
+        ref.append(h[:, -1])
+    torch.testing.assert_close(states, torch.stack(ref, 1), **TOL)
+
+
+@torch.no_grad()
+def test_per_pass_caches_do_not_overwrite_each_other(model):
+    t = toks()
+    names = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post",
+             "ln_final.hook_normalized", "fusion.hook_fused"]  # fmt: skip
+    out, caches = model.run_with_pass_caches(t, passes=3, names_filter=names)
+    assert len(caches) == 3 and "fusion.hook_fused" not in caches[0]
+    for k in range(3):
+        torch.testing.assert_close(caches[k]["ln_final.hook_normalized"], out.passes[k].states)
+        assert caches[k]["blocks.1.hook_resid_post"].shape == (2, 9, 32)
+    pre = [c["blocks.0.hook_resid_pre"] for c in caches]
+    torch.testing.assert_close(pre[1][:, 0], pre[0][:, 0])  # position 0 stays plain
+    assert (pre[1][:, 1:] - pre[0][:, 1:]).abs().amin(-1).min() > 0  # every later one is fused
+    post = [c["blocks.1.hook_resid_post"] for c in caches]
+    assert (post[1] - post[2]).abs().max() > 0
+
+
+@torch.no_grad()
+def test_save_then_load_gives_identical_logits(model, tmp_path):
+    save_hf(model, tmp_path / "m")
+    back = load_hf(tmp_path / "m")
+    t = toks(seed=7)
+    assert torch.equal(back(t, passes=3).logits, model(t, passes=3).logits)
+    assert json.loads((tmp_path / "m" / FUSION_CONFIG).read_text())["fusion"] == "gated"
+
+
+def test_a_fusion_config_that_disagrees_with_its_weights_is_refused(model, tmp_path):
+    save_hf(model, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / FUSION_CONFIG).read_text())
+    (tmp_path / "m" / FUSION_CONFIG).write_text(json.dumps({**cfg, "fusion": "additive"}))
+    with pytest.raises(ValueError, match="does not match"):
+        load_hf(tmp_path / "m")
+    (tmp_path / "m" / FUSION_WEIGHTS).unlink()
+    with pytest.raises(ValueError, match="both or neither"):
+        load_hf(tmp_path / "m")
