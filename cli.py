@@ -111,6 +111,12 @@ def generate(
         help="Add each row's counterfactual twin (the label flipped, every other word kept), "
         "what fbt-probe intervene needs; the rows themselves stay the same.",
     ),
+    tokenizer: Path = typer.Option(
+        None,
+        "--tokenizer",
+        help="A Hugging Face model folder: encode the text with its tokenizer instead of the "
+        "built-in words (default out data/<task>-tok-<fingerprint>.parquet).",
+    ),
 ) -> None:
     """Write a self-describing dataset (parquet) of one synthetic task."""
     from fbt_probe.progress import lazy_progress
@@ -121,9 +127,8 @@ def generate(
     get_task(task)
     counts = parse_distractors(distractors)
     with lazy_progress(f"generate {task}", n_groups) as bar:
-        path = generate_dataset(
-            task, out, n_groups, counts, seed, force=force, progress=bar, twins=twins
-        )
+        path = generate_dataset(task, out, n_groups, counts, seed, force=force, progress=bar,
+                                twins=twins, tokenizer=tokenizer)  # fmt: skip
     typer.echo(
         f"wrote {path} ({n_groups} groups x {len(counts)} distractor counts"
         + (", with twins)" if twins else ")")
@@ -337,6 +342,16 @@ def eval_(
     from fbt_probe.train import resolve_device
 
     m, name = resolve_model(model, resolve_device(device))
+    if tasks_ == "all":  # every task this model's tokenizer can score; the others named
+        from fbt_probe.evaluate import unscorable
+
+        why = {t: unscorable(t, getattr(m, "encoding", None)) for t in task_list}
+        for t, w in why.items():
+            if w:
+                typer.echo(f"skipped {t}: {w}", err=True)
+        task_list = tuple(t for t in task_list if not why[t])
+        if not task_list:
+            raise ValueError("this model's tokenizer can score none of the tasks")
     with lazy_progress("eval", len(task_list) * len(mode_list)) as bar:
         summary, per_reg = evaluate(
             m, task_list, mode_list, n_groups=n_groups, seed=seed, progress=bar
@@ -720,7 +735,8 @@ def stability(
         get_task(t)
     models = [(spec, *resolve_model(spec)) for spec in model]
     # Long runs use fewer sequences: 1000 passes over the 30-pass set would take an hour.
-    batch = heldout_batch(task_list, n_groups=16 if passes <= 30 else 4 if passes <= 100 else 2)
+    groups = 16 if passes <= 30 else 4 if passes <= 100 else 2
+    batches = {}  # one batch per tokenizer (the built-in words: None)
     rows, soft = [], []
     lip_at = tuple(k for k in (2, 3, 5, 10, 30, 100, 1000) if k <= passes)
     for spec, m, name in models:
@@ -731,8 +747,12 @@ def stability(
             if Path(name).name == "model"
             else Path(name).name
         )
+        enc = getattr(m, "encoding", None)
+        key = None if enc is None else enc.fingerprint
+        if key not in batches:
+            batches[key] = heldout_batch(task_list, n_groups=groups, encoding=enc)
         with lazy_progress(f"stability {label}", passes) as bar:
-            traj = jacobi_trajectory(m, batch, passes, lipschitz_at=lip_at, progress=bar)
+            traj = jacobi_trajectory(m, batches[key], passes, lipschitz_at=lip_at, progress=bar)
         rows += [{"model": label, **r} for r in traj]
         if passes > 1:
             ref = traj[min(2, passes - 1)]  # pass 3, the deepest pass of the paper's recipe
@@ -746,7 +766,9 @@ def stability(
         else:
             typer.echo(f"{label}: 1 pass only")
         if decode_tokens:
-            prompt = torch.tensor([vocab.encode(["<bos>", "SET", "ONE", "the", "cat", ":"])] * 4)
+            words = ["<bos>", "SET", "ONE", "the", "cat", ":"]
+            ids = vocab.encode(words) if enc is None else enc.tok(" ".join(words))["input_ids"]
+            prompt = torch.tensor([ids] * 4)
             soft += [{"model": label, **r} for r in long_soft_decoding(m, prompt, decode_tokens)]
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from fbt_probe.model import FeedbackModel, PassOutput
 FUSION_CONFIG = "fusion_config.json"
 FUSION_WEIGHTS = "fusion.safetensors"
 FORMAT = "fbt-probe-hf-fusion"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 # where each family keeps its decoder layers and final norm, under ``model.base_model``
 LAYER_LISTS = ("layers", "h")
@@ -94,9 +95,11 @@ def _find(module: nn.Module, names: tuple[str, ...], what: str, arch: str):
 class HFFeedbackModel(FeedbackModel):
     """A Hugging Face causal LM with the full-bandwidth fusion (see the module docstring)."""
 
-    def __init__(self, hf_model: nn.Module, cfg: HFConfig):
+    def __init__(self, hf_model: nn.Module, cfg: HFConfig, encoding=None, source: str = ""):
         super().__init__()
         self.cfg = cfg
+        self.encoding = encoding  # tasks.encoding.TokenizerEncoding of its tokenizer, if any
+        self.source = source  # the folder it was loaded from
         self.hf = hf_model
         self.hook_embed = HookPoint()  # (batch, pos, d_model): e_t
         self.fusion = Fusion(cfg)
@@ -222,6 +225,14 @@ def init_fusion(model: HFFeedbackModel, seed: int = 0) -> None:
     f.norm.w.fill_(float(emb.pow(2).mean(-1).sqrt().mean()))
 
 
+def quiet() -> None:
+    """No progress bars or advice from transformers: fbt-probe reports its own progress."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def load_hf(path: str | Path, device="cpu", fusion: str = "gated") -> HFFeedbackModel:
     """A model folder (``save_pretrained`` plus, if present, the fusion files) as an
     ``HFFeedbackModel`` in eval mode. Without fusion files: a fresh fusion (upcycling)."""
@@ -251,6 +262,7 @@ def load_hf(path: str | Path, device="cpu", fusion: str = "gated") -> HFFeedback
         if saved.get("format") != FORMAT:
             raise ValueError(f"{fcfg_path} is not an fbt-probe fusion config")
         spec = {k: saved[k] for k in spec if k in saved}
+    quiet()
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
@@ -258,7 +270,12 @@ def load_hf(path: str | Path, device="cpu", fusion: str = "gated") -> HFFeedback
         raise ValueError(f"{path} is not a loadable Hugging Face model ({first})") from None
     hf.eval()
     cfg = hf_config_of(hf, **spec)
-    model = HFFeedbackModel(hf, cfg)
+    encoding = None
+    if any((path / f).is_file() for f in TOKENIZER_FILES):
+        from tasks.encoding import TokenizerEncoding
+
+        encoding = TokenizerEncoding.from_folder(path)
+    model = HFFeedbackModel(hf, cfg, encoding, str(path))
     if fw_path.is_file():
         weights = load_file(str(fw_path))
         mine = model.fusion.state_dict()
@@ -276,13 +293,40 @@ def load_hf(path: str | Path, device="cpu", fusion: str = "gated") -> HFFeedback
     return model.to(device).eval()
 
 
+def copy_hf(model: HFFeedbackModel, dtype=None) -> HFFeedbackModel:
+    """An independent copy (its own modules and hooks), optionally in another dtype."""
+    from transformers import AutoModelForCausalLM
+
+    twin = HFFeedbackModel(AutoModelForCausalLM.from_config(model.hf.config), model.cfg,
+                           model.encoding, model.source)  # fmt: skip
+    twin.load_state_dict(model.state_dict())
+    twin = twin.to(next(model.parameters()).device)
+    return (twin.to(dtype) if dtype is not None else twin).eval()
+
+
+def random_init_hf(model: HFFeedbackModel, seed: int = 0) -> HFFeedbackModel:
+    """The same architecture with fresh weights (stack and fusion): the probes' control."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        hf = AutoModelForCausalLM.from_config(model.hf.config)
+    twin = HFFeedbackModel(hf, model.cfg, model.encoding, model.source)
+    init_fusion(twin, seed)
+    return twin.to(next(model.parameters()).device).eval()
+
+
 def save_hf(model: HFFeedbackModel, out: str | Path, tokenizer=None) -> Path:
-    """Write the model folder: ``save_pretrained`` (and the tokenizer's), then the fusion."""
+    """Write the model folder: ``save_pretrained`` and the tokenizer (the one given, else the
+    model's own), then the fusion."""
     from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    quiet()
     model.hf.save_pretrained(str(out))
+    if tokenizer is None and model.encoding is not None:
+        tokenizer = model.encoding.tok
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
     sd = {k: v.detach().cpu().contiguous() for k, v in model.fusion.state_dict().items()}

@@ -23,15 +23,26 @@ def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FBTModel, str]
             )
         return load_model(DEFAULT_MODEL_DIR, device), "default"
     path = Path(spec)
-    if (path / "model" / "model.safetensors").is_file() and not (
-        path / "model.safetensors"
-    ).is_file():
+    if (path / "model" / "config.json").is_file() and not (path / "config.json").is_file():
         path = path / "model"
+    from fbt_probe.hf import is_hf_folder, load_hf
+
+    if is_hf_folder(path):
+        return load_hf(path, device), str(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model folder not found: {spec} (a Hugging Face model must be a local folder "
+            "saved with save_pretrained; nothing is downloaded, see docs/hf.md)"
+        )
     return load_model(path, device), str(path)
 
 
 def random_init_like(model: FBTModel, seed: int = 0) -> FBTModel:
     """A random-init model of the same config: the control every probe is compared to."""
+    from fbt_probe.hf import HFFeedbackModel, random_init_hf
+
+    if isinstance(model, HFFeedbackModel):
+        return random_init_hf(model, seed)
     device = next(model.parameters()).device
     return FBTModel(model.cfg, seed=seed).to(device).eval()
 

@@ -28,13 +28,18 @@ class Batch:
 
 
 def heldout_batch(
-    tasks: tuple[str, ...], n_groups: int = 16, distractors=(1, 4, 16, 64, 128, 256)
+    tasks: tuple[str, ...],
+    n_groups: int = 16,
+    distractors=(1, 4, 16, 64, 128, 256),
+    encoding=None,
 ) -> Batch:
+    """Held-out examples of ``tasks``, encoded with ``encoding`` (a model's tokenizer) or
+    the word vocabulary."""
     from fbt_probe.evaluate import heldout_examples
     from fbt_probe.train import make_batch
 
     exs = [ex for t in tasks for ex in heldout_examples(t, n_groups, distractors)]
-    b = make_batch(exs)
+    b = make_batch(exs, encoding=encoding)
     valid = torch.arange(b.tokens.shape[1])[None, :] < b.lengths[:, None]
     return Batch(b.tokens, b.targets, b.answer, valid)
 
@@ -45,6 +50,10 @@ def _feedback_step(model: FBTModel, states: torch.Tensor, emb: torch.Tensor, pla
 
 
 def float64_copy(model: FBTModel) -> FBTModel:
+    from fbt_probe.hf import HFFeedbackModel, copy_hf
+
+    if isinstance(model, HFFeedbackModel):
+        return copy_hf(model, torch.float64)
     m = FBTModel(model.cfg)
     m.load_state_dict(model.state_dict())
     return m.double().eval()

@@ -76,19 +76,25 @@ class Batch:
         )
 
 
-def make_batch(examples: list[Example], pad_to: int | None = None) -> Batch:
-    """``pad_to``: the padded length (default: the longest example's)."""
-    ids = [vocab.encode(ex.tokens) for ex in examples]
+def make_batch(examples: list[Example], pad_to: int | None = None, encoding=None) -> Batch:
+    """``pad_to``: the padded length (default: the longest example's). ``encoding``: a
+    model's tokenizer (``tasks.encoding.TokenizerEncoding``) instead of the word vocabulary."""
+    if encoding is None:
+        ids = [vocab.encode(ex.tokens) for ex in examples]
+        colons = [ex.colon_index for ex in examples]
+    else:
+        enc = [encoding.encode(ex) for ex in examples]
+        ids, colons = [e.ids for e in enc], [e.colon_index for e in enc]
     T = max(max(len(x) for x in ids), pad_to or 0)
     tokens = torch.full((len(ids), T), vocab.PAD_ID, dtype=torch.long)
     targets = torch.full((len(ids), T), -100, dtype=torch.long)
     answer = torch.zeros((len(ids), T), dtype=torch.bool)
-    for i, (x, ex) in enumerate(zip(ids, examples, strict=True)):
+    for i, (x, c) in enumerate(zip(ids, colons, strict=True)):
         tokens[i, : len(x)] = torch.tensor(x)
         targets[i, : len(x) - 1] = torch.tensor(x[1:])
-        answer[i, ex.colon_index : len(x) - 1] = True
+        answer[i, c : len(x) - 1] = True
     lengths = torch.tensor([len(x) for x in ids])
-    prompt_len = torch.tensor([ex.colon_index + 1 for ex in examples])
+    prompt_len = torch.tensor([c + 1 for c in colons])
     return Batch(tokens, targets, answer, lengths, prompt_len, [ex.task for ex in examples])
 
 

@@ -152,17 +152,50 @@ def cell_data(
     return X, y, g
 
 
-def load_or_generate(task: str, data: str | Path | None) -> Dataset:
-    """The dataset file given, or the default ``data/<task>.parquet`` (generated if absent)."""
+def load_or_generate(task: str, data: str | Path | None, model=None) -> Dataset:
+    """The dataset file given, or the default ``data/<task>.parquet`` (generated if absent);
+    for a model with a tokenizer of its own, ``data/<task>-tok-<fingerprint>.parquet``
+    encoded with it. The dataset must be encoded the way ``model`` reads."""
+    encoding = getattr(model, "encoding", None)
     if data is not None:
         ds = load(data)
         if ds.task != task:
             raise ValueError(f"{data} holds task {ds.task!r}, not {task!r}")
-        return ds
-    path = default_path(task)
-    if not path.is_file():
-        generate_dataset(task, path, seed=DEFAULT_SEED)
-    return load(path)
+        path = Path(data)
+    else:
+        path = default_path(task, encoding)
+        if not path.is_file():
+            tokenizer = None if encoding is None else encoding.source
+            generate_dataset(task, path, seed=DEFAULT_SEED, tokenizer=tokenizer)
+        ds = load(path)
+    if model is not None:
+        check_encoding(ds, model, path)
+    return ds
+
+
+def check_encoding(ds: Dataset, model, path) -> None:
+    """A dataset is read only by a model with the tokenizer it was encoded with."""
+    from fbt_probe.hf import HFFeedbackModel
+
+    tok = ds.meta.get("tokenizer")
+    if isinstance(model, HFFeedbackModel):
+        if model.encoding is None:
+            raise ValueError(f"{model.source} has no tokenizer: save one beside the model")
+        if tok is None:
+            raise ValueError(
+                f"{path} is encoded with the built-in word vocabulary, not the model's "
+                f"tokenizer: generate it with --tokenizer {model.source}"
+            )
+        if tok["fingerprint"] != model.encoding.fingerprint:
+            raise ValueError(
+                f"{path} was encoded with another tokenizer ({tok['fingerprint']}, the model's is "
+                f"{model.encoding.fingerprint}): generate it with --tokenizer {model.source}"
+            )
+    elif tok is not None:
+        raise ValueError(
+            f"{path} is encoded with a Hugging Face tokenizer ({tok.get('source') or tok['fingerprint']}); "
+            "the built-in model reads word datasets: generate one without --tokenizer"
+        )
 
 
 def run_fit(
@@ -199,7 +232,7 @@ def run_fit(
     mhash = model_hash(model)
     control = random_init_like(model, seed=seed) if controls else None
     chash = model_hash(control) if control is not None else None
-    datasets = {t: load_or_generate(t, (data or {}).get(t)) for t in tasks}
+    datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
 
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
     models = {"trained": (model, mhash), "random_init": (control, chash)}
@@ -285,7 +318,7 @@ def prefetch_features(model, tasks, prefills, data=None, sites=(RESID,), control
     control = random_init_like(model, seed=seed) if controls else None
     models = {"trained": (model, model_hash(model)),
               "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
-    datasets = {t: load_or_generate(t, (data or {}).get(t)) for t in tasks}
+    datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
     extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
 
 

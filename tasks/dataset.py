@@ -131,8 +131,15 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def to_table(examples: list[Example], meta: dict, twins=None) -> pa.Table:
-    ids = [vocab.encode(ex.tokens) for ex in examples]
+def to_table(examples: list[Example], meta: dict, twins=None, encoded=None) -> pa.Table:
+    """``encoded``: each example's ``tasks.encoding.Encoded`` (a tokenizer's ids) instead of
+    the word vocabulary's."""
+    if encoded is None:
+        ids = [vocab.encode(ex.tokens) for ex in examples]
+        colons = [ex.colon_index for ex in examples]
+    else:
+        ids = [e.ids for e in encoded]
+        colons = [e.colon_index for e in encoded]
     cols = {
         "text": [ex.text for ex in examples],
         "token_ids": ids,
@@ -140,7 +147,7 @@ def to_table(examples: list[Example], meta: dict, twins=None) -> pa.Table:
         "labels": [list(ex.answer) for ex in examples],
         "group": [ex.group for ex in examples],
         "n_distractors": [ex.n_distractors for ex in examples],
-        "colon_index": [ex.colon_index for ex in examples],
+        "colon_index": colons,
         "overwrites": [list(ex.overwrites) for ex in examples],
     }
     schema = SCHEMA
@@ -158,8 +165,11 @@ def _last_id(examples) -> int:
     return max((max(vocab.encode(ex.tokens)) for ex in examples), default=0)
 
 
-def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, examples) -> dict:
-    return {
+def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, examples,
+               tokenizer: dict | None = None) -> dict:  # fmt: skip
+    """``tokenizer``: what ``TokenizerEncoding.describe`` says of the tokenizer the ids come
+    from (with ``colon_ids``, the tokens that end a prompt); None for the word vocabulary."""
+    meta = {
         "schema_version": SCHEMA_VERSION,
         "task": task,
         "params": params,
@@ -173,6 +183,10 @@ def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, e
         "n_examples": len(examples),
         "content_hash": content_hash(examples),
     }
+    if tokenizer is not None:
+        meta["tokenizer"] = tokenizer
+        meta["vocab"] = []  # the ids are the tokenizer's, not the word vocabulary's
+    return meta
 
 
 def write_atomic(table: pa.Table, out: Path) -> None:
@@ -272,8 +286,12 @@ def load(path: str | Path) -> Dataset:
     if table.num_rows == 0:
         raise ValueError(f"{path} holds no examples")
     d = table.to_pydict()
+    tok = meta.get("tokenizer")
+    if tok is not None and not (isinstance(tok, dict) and isinstance(tok.get("colon_ids"), list)):
+        raise ValueError(f"{path}: its tokenizer record is malformed")
+    colon_ids = set(tok["colon_ids"]) if tok is not None else {vocab.COLON_ID}
     bad = [i for i, (ids, c) in enumerate(zip(d["token_ids"], d["colon_index"], strict=True))
-           if not 0 <= c < len(ids) or ids[c] != vocab.COLON_ID]  # fmt: skip
+           if not 0 <= c < len(ids) or ids[c] not in colon_ids]  # fmt: skip
     if bad:
         raise ValueError(f"{path}: row {bad[0]} has no colon at its colon_index")
     twins = {}

@@ -18,8 +18,11 @@ DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
 
 
-def default_path(task: str) -> Path:
-    return Path("data") / f"{task}.parquet"
+def default_path(task: str, encoding=None) -> Path:
+    """data/<task>.parquet, or with a tokenizer data/<task>-tok-<fingerprint>.parquet."""
+    if encoding is None:
+        return Path("data") / f"{task}.parquet"
+    return Path("data") / f"{task}-tok-{encoding.fingerprint}.parquet"
 
 
 # bytes a rendered token costs at the peak of building a dataset (the word tuples, the text,
@@ -54,13 +57,15 @@ def generate_dataset(
     force: bool = False,
     progress=None,
     twins: bool = False,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Render ``n_groups`` base instances at every count and write a parquet file.
 
     Same arguments give a byte-identical file. ``progress`` is an optional callable
     ``(done, total)`` for a progress bar. ``twins`` adds each row's counterfactual twin
     (``tasks.base.Twin``) in columns of its own; the rows themselves, and the content
-    hash, are those of the same dataset without twins.
+    hash, are those of the same dataset without twins. ``tokenizer`` (a model folder):
+    encode with that Hugging Face tokenizer (``tasks.encoding``) instead of the words.
     """
     mod = get_task(task)
     if n_groups < 1:
@@ -72,10 +77,23 @@ def generate_dataset(
     p = mod.Params(**(params or {}))
     if twins and not hasattr(mod, "twin"):
         raise ValueError(f"task {task} defines no twins (tasks.register_task, docs/design.md)")
-    out = Path(out) if out is not None else default_path(task)
+    encoding = None
+    if tokenizer is not None:
+        from tasks.encoding import TokenizerEncoding
+
+        if twins:
+            raise ValueError("--twins with --tokenizer is not supported yet: twins use the words")
+        encoding = TokenizerEncoding.from_folder(tokenizer)
+    out = Path(out) if out is not None else default_path(task, encoding)
     check_output_file(out, force)
     examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
-    meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples)
+    encoded, tok_meta = None, None
+    if encoding is not None:
+        encoding.check_labels(w for ex in examples for w in ex.answer)
+        encoded = [encoding.encode(ex) for ex in examples]
+        colon_ids = sorted({e.ids[e.colon_index] for e in encoded})
+        tok_meta = {**encoding.describe(), "colon_ids": colon_ids}
+    meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples, tok_meta)
     pairs = None
     if twins:
         pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE)
@@ -83,5 +101,5 @@ def generate_dataset(
             "n_twins": sum(t is not None for t in pairs),
             "hash": content_hash([t.example for t in pairs if t is not None]),
         }
-    write_atomic(to_table(examples, meta, pairs), out)
+    write_atomic(to_table(examples, meta, pairs, encoded), out)
     return out

@@ -11,33 +11,10 @@ import torch
 from fbt_probe.decode import generate
 from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
 from fbt_probe.recurrence import run_recurrence
+from tests.hf_models import VOCAB, tiny_hf
 
 transformers = pytest.importorskip("transformers")
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-VOCAB = 61
-
-
-def tiny_hf(family: str, seed: int = 0):
-    torch.manual_seed(seed)
-    if family == "llama":
-        c = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                     num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-        return transformers.LlamaForCausalLM(c)
-    if family == "gpt2":
-        c = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
-                                    n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
-                                    attn_pdrop=0.0)  # fmt: skip
-        return transformers.GPT2LMHeadModel(c)
-    if family == "qwen2":
-        c = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                     num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-        return transformers.Qwen2ForCausalLM(c)
-    c = transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   max_position_embeddings=128)  # fmt: skip
-    return transformers.GPTNeoXForCausalLM(c)
 
 
 FAMILIES = ["llama", "gpt2", "qwen2", "gpt_neox"]

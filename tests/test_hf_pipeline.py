@@ -1,0 +1,137 @@
+"""Tasks through a real tokenizer, and every command on a Hugging Face model folder made here:
+generate -> fit -> plot, eval and stability on tiny Llama and GPT-2 models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from tasks import get_task
+from tasks.dataset import load
+from tasks.encoding import TokenizerEncoding
+from tests.hf_models import bpe_tokenizer, model_folder, word_tokenizer
+
+pytest.importorskip("transformers")
+
+
+def _examples(task, n=20, seed=0):
+    mod = get_task(task)
+    rng = np.random.default_rng(seed)
+    return [mod.sample(rng, int(rng.integers(0, 12)), mod.Params()) for _ in range(n)]
+
+
+@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking", "multi_register"])
+def test_a_word_tokenizer_encodes_every_word_as_its_own_token(task):
+    enc = TokenizerEncoding(word_tokenizer())
+    for ex in _examples(task):
+        e = enc.encode(ex)
+        assert len(e.ids) == len(ex.tokens) and e.colon_index == ex.colon_index
+        assert e.label_positions == tuple(ex.colon_index + 1 + o for o in ex.label_offsets)
+
+
+@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking", "multi_register"])
+def test_a_bpe_tokenizer_locates_the_colon_and_each_labels_first_token(task):
+    tok = bpe_tokenizer()
+    enc = TokenizerEncoding(tok)
+    for ex in _examples(task):
+        e = enc.encode(ex)
+        assert tok.decode(e.ids[: e.colon_index + 1]) == " ".join(ex.prompt)
+        assert tok.decode(e.ids) == ex.text
+        for pos, label in zip(e.label_positions, ex.answer, strict=True):
+            assert e.ids[pos] == enc.first_token(label)
+            assert tok.decode(e.ids[pos:]).lstrip().startswith(label)
+
+
+def test_labels_whose_first_tokens_collide_are_refused(tmp_path):
+    folder = model_folder(tmp_path / "m", "llama", bpe_tokenizer(size=258))  # bytes, no merges
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--tokenizer",
+                                 str(folder), "--out", str(tmp_path / "d.parquet")])  # fmt: skip
+    assert r.exit_code == 1 and "start with the same token" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "d.parquet").exists()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+def test_a_dataset_records_its_tokenizer_and_is_never_read_with_another(llama, tmp_path):
+    run = CliRunner()
+    data = tmp_path / "dm.parquet"
+    r = run.invoke(app, ["generate", "--task", "delayed_memory", "--tokenizer", str(llama),
+                         "--n-groups", "8", "--distractors", "0-3", "--out", str(data)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    ds = load(data)
+    enc = TokenizerEncoding.from_folder(llama)
+    assert ds.meta["tokenizer"]["fingerprint"] == enc.fingerprint
+    for i in (0, len(ds) - 1):
+        ids = enc.tok(ds.text[i], add_special_tokens=False)["input_ids"]
+        assert ds.token_ids[i].tolist() == ids
+        assert enc.tok.decode(ids[: ds.colon_index[i] + 1]).endswith(":")
+    # the built-in model reads words, not this tokenizer's ids
+    r = run.invoke(app, ["fit", "--data", str(data), "--out", str(tmp_path / "r1")])
+    assert r.exit_code == 1 and "encoded with a Hugging Face tokenizer" in r.output
+    # a model with another tokenizer
+    other = model_folder(tmp_path / "other", "llama", bpe_tokenizer())
+    r = run.invoke(
+        app, ["fit", "--model", str(other), "--data", str(data), "--out", str(tmp_path / "r2")]
+    )
+    assert r.exit_code == 1 and "another tokenizer" in r.output
+    # and a Hugging Face model never reads a word dataset
+    words = tmp_path / "words.parquet"
+    run.invoke(
+        app, ["generate", "--task", "delayed_memory", "--n-groups", "8", "--out", str(words)]
+    )
+    r = run.invoke(
+        app, ["fit", "--model", str(llama), "--data", str(words), "--out", str(tmp_path / "r3")]
+    )
+    assert r.exit_code == 1 and "--tokenizer" in r.output
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_generate_fit_plot_end_to_end(family, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = model_folder(tmp_path / family, family, bpe_tokenizer())
+    run = CliRunner()
+    data = tmp_path / "dt.parquet"
+    r = run.invoke(app, ["generate", "--task", "done_tracking", "--tokenizer", str(folder),
+                         "--n-groups", "24", "--distractors", "0,2,4", "--out", str(data)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run.invoke(app, ["fit", "--model", str(folder), "--data", str(data), "--out", "res",
+                         "--prefill", "standard,recurrent", "--folds", "3"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "res" / "probe_results.json").read_text())
+    rows = res["rows"] if isinstance(res, dict) and "rows" in res else res
+    assert rows, "no probe results"
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "res" / "probe_results.csv")
+    assert set(df.prefill) == {"standard", "recurrent"} and set(df.task) == {"done_tracking"}
+    assert df.depth.max() == 2  # 2 layers: block inputs 0, 1 and the last output
+    assert df.accuracy.between(0, 1).all()
+    r = run.invoke(app, ["plot", "--results", "res"])
+    assert r.exit_code == 0, r.output
+    assert list((tmp_path / "res" / "figures").glob("*.png"))
+
+
+def test_eval_and_stability_on_a_model_folder(llama, tmp_path):
+    run = CliRunner()
+    r = run.invoke(app, ["eval", "--model", str(llama), "--n-groups", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert set(summary) == {"delayed_memory", "done_tracking", "multi_register"}
+    assert all(0 <= row["1-256"] <= 1 for by in summary.values() for row in by.values())
+    r = run.invoke(app, ["stability", "--model", str(llama), "--passes", "3", "--task",
+                         "delayed_memory", "--decode-tokens", "20", "--out", str(tmp_path / "st")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "st" / "stability.csv").is_file()
+
+
+def test_a_hub_name_is_refused_in_one_line():
+    r = CliRunner().invoke(app, ["eval", "--model", "meta-llama/Llama-3.2-1B"])
+    assert r.exit_code == 1 and "nothing is downloaded" in r.output
+    assert len(r.output.strip().splitlines()) == 1
