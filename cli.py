@@ -159,7 +159,7 @@ def train(
         "--config",
         "-c",
         help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny, "
-        "paper-1b) "
+        "paper-1b, upcycle) "
         "or a recipe file (.toml or .json) that lists only what it changes: 'base' names the "
         "recipe it changes (default: 'default'). A run folder's train_config.json works too. "
         "Default: 'default', or with --resume the run folder's own recipe.",
@@ -216,6 +216,13 @@ def train(
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
     ),
+    init_from: Path = typer.Option(
+        None,
+        "--init-from",
+        help="Start from this model folder instead of fresh weights (sets init_from): a "
+        "Hugging Face folder (save_pretrained, with its tokenizer) is upcycled, keeping its "
+        "own architecture and tokenizer; see docs/hf.md and the 'upcycle' recipe.",
+    ),
     device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a full-bandwidth model with the multi-pass objective (writes a run folder)."""
@@ -234,6 +241,10 @@ def train(
         own = out / "train_config.json" if resume else None
         config = str(own) if own is not None and own.is_file() else "default"
     cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
+    if init_from is not None:
+        if not init_from.is_dir():
+            raise ValueError(f"--init-from {init_from}: no such model folder (nothing is downloaded)")
+        cfg = cfg.with_overrides({"init_from": str(init_from)})
     if seeds is not None:
         from probes.seeds import parse_seeds, run_seed_study
 

@@ -268,10 +268,21 @@ def multipass_loss(
     return total, stats
 
 
-def batch_counts(examples: list[Example]) -> tuple[int, int, int, int]:
+def example_lengths(examples: list[Example], encoding=None) -> list[int]:
+    """Each example's length in tokens (words, or ``encoding``'s tokens)."""
+    if encoding is None:
+        return [len(ex.tokens) for ex in examples]
+    return [len(encoding.encode(ex).ids) for ex in examples]
+
+
+def batch_counts(examples: list[Example], encoding=None) -> tuple[int, int, int, int]:
     """(targets, answer targets, examples, padded length) of the batch ``make_batch`` makes."""
-    lens = [len(ex.tokens) for ex in examples]
-    answers = sum(n - 1 - ex.colon_index for n, ex in zip(lens, examples, strict=True))
+    lens = example_lengths(examples, encoding)
+    if encoding is None:
+        colons = [ex.colon_index for ex in examples]
+    else:
+        colons = [encoding.encode(ex).colon_index for ex in examples]
+    answers = sum(n - 1 - c for n, c in zip(lens, colons, strict=True))
     return sum(n - 1 for n in lens), answers, len(examples), max(lens)
 
 
@@ -291,7 +302,8 @@ def quick_eval(model: FBTModel, cfg: TrainConfig, passes: int = 2) -> dict:
         exs = [
             mod.sample(rng, int(rng.integers(1, 257)), params) for _ in range(cfg.run.eval_examples)
         ]
-        b = make_batch(exs).to(next(model.parameters()).device)
+        b = make_batch(exs, encoding=getattr(model, "encoding", None))
+        b = b.to(next(model.parameters()).device)
         out = model(b.tokens, passes=passes, lengths=b.lengths)
         for k, p in enumerate(out.passes):
             ok = ((p.logits.argmax(-1) == b.targets) | ~b.answer).all(dim=1)
@@ -400,9 +412,9 @@ def train(
     if fsdp and world.size < 2:
         raise ValueError("run.fsdp shards over the ranks: start 2 or more with torchrun")
     world.barrier()  # every rank has checked before rank 0 writes anything
-    model = FBTModel(cfg.model, seed=cfg.run.seed)  # initialised on the CPU, then moved
-    if cfg.init_from:
-        model.load_state_dict(initial_weights(cfg).state_dict())
+    model = build_model(cfg)  # initialised on the CPU, then moved
+    if fsdp and not isinstance(model, FBTModel):
+        raise ValueError("run.fsdp is not supported for a Hugging Face model yet (use DDP)")
     frozen = frozen_parameters(model, cfg.schedule)  # checked before anything is written
     model = model.to(dev)
     if world.main:
@@ -588,15 +600,14 @@ def train(
         "history": history,
     }
     write_text(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-    save_model(
-        model,
-        out / "model",
-        extra_meta={
-            "train_config": cfg.to_dict(),
-            "steps_done": final_step,
-            "git_revision": metrics["git_revision"],
-        },
-    )
+    meta = {"train_config": cfg.to_dict(), "steps_done": final_step, "git_revision": revision}
+    if isinstance(model, FBTModel):
+        save_model(model, out / "model", extra_meta=meta)
+    else:  # a Hugging Face model folder, the fusion beside it (fbt_probe.hf)
+        from fbt_probe.hf import save_hf
+
+        save_hf(model, out / "model")
+        write_text(out / "model" / "fbt_probe_meta.json", json.dumps(meta, indent=2) + "\n")
     world.barrier()
     return metrics
 
@@ -664,12 +675,14 @@ def train_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: Wo
     from contextlib import nullcontext
 
     full = draw.examples
-    n_valid, n_answer, n, T = batch_counts(full)
-    parts = step_parts(n, [len(ex.tokens) for ex in full], cfg, world)
-    noise = JitterNoise(draw.jitter_seed, T, cfg.model.d_model, dev)
+    enc = getattr(model, "encoding", None)
+    n_valid, n_answer, n, T = batch_counts(full, enc)
+    parts = step_parts(n, example_lengths(full, enc), cfg, world)
+    noise = JitterNoise(draw.jitter_seed, T, model.cfg.d_model, dev)
+    torch.manual_seed(draw.jitter_seed)  # any other randomness of the model (dropout)
     loss_sum, stats_sum, tokens = 0.0, None, 0
     for j, idx in enumerate(parts):
-        mb = make_batch([full[i] for i in idx], pad_to=T if cfg.run.fsdp else None).to(dev)
+        mb = make_batch([full[i] for i in idx], T if cfg.run.fsdp else None, enc).to(dev)
         prefix = None if draw.prefix is None else torch.tensor(draw.prefix[idx], device=dev)
         model.jitter_rows = (noise, torch.tensor(idx, device=dev))
         try:
@@ -697,6 +710,34 @@ def train_step(net, model: FBTModel, draw: StepDraw, cfg: TrainConfig, world: Wo
     merged = [dict(zip(keys, total[2 + i * len(keys) : 2 + (i + 1) * len(keys)], strict=True))
               for i in range(len(stats))]  # fmt: skip
     return total[0], merged, int(total[1])
+
+
+def build_model(cfg: TrainConfig):
+    """The model a run starts from: the built-in one drawn from ``cfg.model`` and the seed,
+    or the model ``cfg.init_from`` names. A Hugging Face folder is trained with its own
+    architecture; ``model.fusion`` and ``model.jitter`` of the recipe apply to its fusion
+    (the saved one, or a fresh one for an upcycling start), the rest of ``model.*`` does not."""
+    if cfg.init_from:
+        from fbt_probe.hf import is_hf_folder, load_hf
+
+        path = Path(cfg.init_from)
+        if (path / "model" / "config.json").is_file() and not (path / "config.json").is_file():
+            path = path / "model"
+        if is_hf_folder(path):
+            m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed)
+            if m.cfg.fusion != cfg.model.fusion:
+                raise ValueError(
+                    f"init_from {cfg.init_from!r} has a {m.cfg.fusion} fusion, the recipe sets "
+                    f"model.fusion={cfg.model.fusion}"
+                )
+            if m.encoding is None:
+                raise ValueError(f"init_from {cfg.init_from!r} has no tokenizer beside the model")
+            m.cfg = replace(m.cfg, jitter=cfg.model.jitter)
+            return m
+    model = FBTModel(cfg.model, seed=cfg.run.seed)
+    if cfg.init_from:
+        model.load_state_dict(initial_weights(cfg).state_dict())
+    return model
 
 
 def initial_weights(cfg: TrainConfig) -> FBTModel:

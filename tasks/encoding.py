@@ -47,6 +47,7 @@ class TokenizerEncoding:
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.vocab_size = len(tokenizer)
         self._first: dict[str, int] = {}
+        self._encoded: dict[Example, Encoded] = {}
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> TokenizerEncoding:
@@ -91,6 +92,14 @@ class TokenizerEncoding:
             seen[t] = w
 
     def encode(self, ex: Example) -> Encoded:
+        hit = self._encoded.get(ex)
+        if hit is None:
+            if len(self._encoded) >= 65536:  # training draws fresh examples every step
+                self._encoded.clear()
+            hit = self._encoded[ex] = self._encode(ex)
+        return hit
+
+    def _encode(self, ex: Example) -> Encoded:
         prompt = " ".join(ex.prompt)
         text = ex.text
         enc = self._ids(text, offsets=True)

@@ -67,6 +67,9 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
 
 def model_folder(out: Path, family: str, tokenizer=None, seed: int = 0) -> Path:
     """A save_pretrained folder: a tiny random model of ``family`` and its tokenizer."""
+    from fbt_probe.hf import quiet
+
+    quiet()
     tok = tokenizer if tokenizer is not None else word_tokenizer()
     tiny_hf(family, len(tok), seed).save_pretrained(str(out))
     tok.save_pretrained(str(out))

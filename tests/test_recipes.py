@@ -215,6 +215,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "three-tasks",
         "tiny",
         "paper-1b",
+        "upcycle",
     }
     for n in recipe_names():
         assert named_config(n).name == n
