@@ -588,6 +588,13 @@ def intervene(
 
     world = world_from_env(resolve_device(device))  # under torchrun: this rank of the world
     m, name = resolve_model(model, rank_device(resolve_device(device), world))
+    from fbt_probe.hf import HFFeedbackModel
+
+    if isinstance(m, HFFeedbackModel):
+        raise ValueError(
+            "intervene does not take a Hugging Face model yet (its twins and patches use the "
+            "built-in model's words and KV cache); fit, eval and stability do"
+        )
     if random_init:
         from fbt_probe.registry import random_init_like
 

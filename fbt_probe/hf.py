@@ -28,7 +28,7 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import FUSIONS
 from fbt_probe.fusion import Fusion
-from fbt_probe.model import FeedbackModel, PassOutput
+from fbt_probe.model import FeedbackModel, LazyPassOutput, PassOutput
 
 FUSION_CONFIG = "fusion_config.json"
 FUSION_WEIGHTS = "fusion.safetensors"
@@ -156,8 +156,7 @@ class HFFeedbackModel(FeedbackModel):
         out = self.hf.base_model(
             inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
         )
-        h = out.last_hidden_state
-        return PassOutput(logits=self.hf.get_output_embeddings()(h), states=h)
+        return LazyPassOutput(out.last_hidden_state, self.hf.get_output_embeddings())
 
 
 def _pre_hook(hp: HookPoint):

@@ -175,6 +175,27 @@ class PassOutput:
     states: torch.Tensor
 
 
+class LazyPassOutput(PassOutput):
+    """A pass whose logits are computed from its top states on first use: the next pass needs
+    only the states, so a large vocabulary's head is paid only for the logits someone reads
+    (feature extraction reads none)."""
+
+    def __init__(self, states: torch.Tensor, head: Callable, source: torch.Tensor | None = None):
+        self.states = states
+        self._head, self._source, self._logits = head, source, None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            self._logits = self._head(self.states if self._source is None else self._source)
+        return self._logits
+
+    def masked(self, valid: torch.Tensor) -> LazyPassOutput:
+        """The same pass with the states of invalid positions zeroed (the logits unchanged)."""
+        source = self.states if self._source is None else self._source
+        return LazyPassOutput(self.states * valid[..., None], self._head, source)
+
+
 @dataclass
 class MultiPassOutput:
     passes: list[PassOutput]
@@ -340,7 +361,9 @@ class FeedbackModel(HookedRootModule):
         prev = init_states
         for k in range(passes):
             out = self.feedback_pass(emb, prev, plain=plain, pass_index=k)
-            if valid is not None:
+            if isinstance(out, LazyPassOutput) and valid is not None:
+                out = out.masked(valid)
+            elif valid is not None:
                 out = PassOutput(out.logits, out.states * valid[..., None])
             outs.append(out)
             prev = out.states

@@ -10,8 +10,8 @@ import torch
 
 from fbt_probe.decode import generate
 from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
+from fbt_probe.hf_tiny import VOCAB, tiny_hf
 from fbt_probe.recurrence import run_recurrence
-from tests.hf_models import VOCAB, tiny_hf
 
 transformers = pytest.importorskip("transformers")
 TOL = {"atol": 1e-5, "rtol": 1e-5}

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from fbt_probe.hf_tiny import bpe_tokenizer, model_folder, word_tokenizer
 from tasks import get_task
 from tasks.dataset import load
 from tasks.encoding import TokenizerEncoding
-from tests.hf_models import bpe_tokenizer, model_folder, word_tokenizer
 
 pytest.importorskip("transformers")
 
@@ -170,3 +170,10 @@ def test_train_init_from_a_llama_folder_lowers_the_multipass_loss(llama, tmp_pat
     r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--n-groups", "5",
                                  "--task", "delayed_memory", "--modes", "standard,soft"])  # fmt: skip
     assert r.exit_code == 0, r.output
+
+
+def test_intervene_refuses_a_hugging_face_model_in_one_line(llama, tmp_path):
+    r = CliRunner().invoke(app, ["intervene", "--model", str(llama), "--task", "delayed_memory",
+                                 "--out", str(tmp_path / "iv")])  # fmt: skip
+    assert r.exit_code == 1 and "does not take a Hugging Face model" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv").exists()

@@ -1,6 +1,7 @@
-"""Tiny Hugging Face models and tokenizers built here (nothing is downloaded): a word-level
-tokenizer over the built-in words, a byte-level BPE trained on task text, and model folders
-written with save_pretrained."""
+"""Tiny Hugging Face models and tokenizers made on this machine (nothing is downloaded), to
+try the commands on and to test with: a word-level tokenizer over the built-in words, a
+byte-level BPE trained on task text, and model folders written with save_pretrained
+(``scripts/tiny_hf_model.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from tasks import vocab
 
-VOCAB = 61  # the tests of the wrapper alone (no tokenizer)
+VOCAB = 61  # a model without a tokenizer (the wrapper's own tests)
+FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
 
 
 def word_tokenizer():
@@ -62,15 +64,16 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
         c = T.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=2048,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
         return T.GPT2LMHeadModel(c)
-    raise ValueError(family)
+    raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
 
 
-def model_folder(out: Path, family: str, tokenizer=None, seed: int = 0) -> Path:
+def model_folder(out: str | Path, family: str, tokenizer=None, seed: int = 0) -> Path:
     """A save_pretrained folder: a tiny random model of ``family`` and its tokenizer."""
     from fbt_probe.hf import quiet
 
     quiet()
     tok = tokenizer if tokenizer is not None else word_tokenizer()
+    out = Path(out)
     tiny_hf(family, len(tok), seed).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out

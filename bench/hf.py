@@ -1,0 +1,100 @@
+"""Hugging Face wrapper benchmark: the wrapper's pass 1 against the bare Hugging Face forward on
+the same input, and k passes against k x one pass, for each supported family.
+
+Models are random, built from configs here (4 layers, d_model 256, vocabulary 2048), batch
+8 x 256 tokens, no gradient; 15 rounds, each timing every variant once, and each ratio the
+median over rounds of the ratio within a round, so that drift of a shared machine cancels. Goals: pass 1 <= 1.05 x the bare forward, k passes <= 1.05 x k single.
+A k-pass forward reads the last pass's logits, as a caller of ``model(x, passes=k).logits``
+does: the wrapper computes a pass's logits only when they are read (``LazyPassOutput``), so
+the head is paid once, not k times.
+
+Run: .venv/bin/python bench/hf.py   (prints a table, writes bench/hf.json)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import machine, table, write_json  # noqa: E402
+from fbt_probe.hf import HFFeedbackModel, hf_config_of, init_fusion, quiet  # noqa: E402
+
+B, T, REPEATS = 8, 256, 15
+
+
+def build(family: str):
+    import transformers as tr
+
+    torch.manual_seed(0)
+    size = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 1024,
+            "num_hidden_layers": 4, "num_attention_heads": 8, "max_position_embeddings": 1024}  # fmt: skip
+    if family == "llama":
+        hf = tr.LlamaForCausalLM(tr.LlamaConfig(num_key_value_heads=4, **size))
+    elif family == "qwen2":
+        hf = tr.Qwen2ForCausalLM(tr.Qwen2Config(num_key_value_heads=4, **size))
+    elif family == "gpt_neox":
+        hf = tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(**size))
+    else:
+        hf = tr.GPT2LMHeadModel(tr.GPT2Config(vocab_size=2048, n_embd=256, n_layer=4, n_head=8,
+                                              n_positions=1024))  # fmt: skip
+    hf.eval()
+    model = HFFeedbackModel(hf, hf_config_of(hf)).eval()
+    init_fusion(model)
+    return hf, model
+
+
+def measure(family: str) -> dict:
+    hf, model = build(family)
+    x = torch.randint(0, 2048, (B, T), generator=torch.Generator().manual_seed(1))
+    runs = {
+        "bare": lambda: hf(input_ids=x, use_cache=False).logits,
+        **{f"k{k}": (lambda k=k: model(x, passes=k).logits) for k in (1, 2, 3)},
+    }
+    rounds = []
+    with torch.no_grad():
+        for fn in runs.values():
+            fn()
+        for _ in range(REPEATS):
+            t = {}
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                t[name] = time.perf_counter() - t0
+            rounds.append(t)
+        same = (model(x, passes=1).logits - hf(input_ids=x, use_cache=False).logits).abs().max()
+
+    def med(f):  # the median over rounds of a ratio taken within each round
+        return round(float(np.median([f(t) for t in rounds])), 3)
+
+    return {
+        "family": family,
+        "bare_ms": round(1000 * min(t["bare"] for t in rounds), 1),
+        "pass1_ms": round(1000 * min(t["k1"] for t in rounds), 1),
+        "pass1_vs_bare": med(lambda t: t["k1"] / t["bare"]),
+        "k2_vs_2x1": med(lambda t: t["k2"] / (2 * t["k1"])),
+        "k3_vs_3x1": med(lambda t: t["k3"] / (3 * t["k1"])),
+        "max_abs_diff_pass1": float(same),
+    }
+
+
+def main() -> None:
+    quiet()
+    rows = [measure(f) for f in ("llama", "gpt2", "qwen2", "gpt_neox")]
+    print(f"wrapper vs bare Hugging Face forward, random 4-layer d=256 models, batch {B} x {T}")
+    print(table(rows, list(rows[0])))
+    ok = all(r["pass1_vs_bare"] <= 1.05 and r["k3_vs_3x1"] <= 1.05 for r in rows)
+    print(
+        f"\ngoals (pass 1 <= 1.05 x bare, k passes <= 1.05 x k single): {'met' if ok else 'missed'}"
+    )
+    path = write_json("hf", {"machine": machine(), "batch": [B, T], "rows": rows,
+                             "goals_met": ok})  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
