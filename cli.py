@@ -243,7 +243,9 @@ def train(
     cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
     if init_from is not None:
         if not init_from.is_dir():
-            raise ValueError(f"--init-from {init_from}: no such model folder (nothing is downloaded)")
+            raise ValueError(
+                f"--init-from {init_from}: no such model folder (nothing is downloaded)"
+            )
         cfg = cfg.with_overrides({"init_from": str(init_from)})
     if seeds is not None:
         from probes.seeds import parse_seeds, run_seed_study

@@ -232,7 +232,9 @@ def quiet() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_hf(path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0) -> HFFeedbackModel:
+def load_hf(
+    path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0
+) -> HFFeedbackModel:
     """A model folder (``save_pretrained`` plus, if present, the fusion files) as an
     ``HFFeedbackModel`` in eval mode. Without fusion files: a fresh fusion (upcycling)."""
     from safetensors.torch import load_file

@@ -139,3 +139,19 @@ def test_a_fusion_config_that_disagrees_with_its_weights_is_refused(model, tmp_p
     (tmp_path / "m" / FUSION_WEIGHTS).unlink()
     with pytest.raises(ValueError, match="both or neither"):
         load_hf(tmp_path / "m")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("fusion", ["additive", "none"])
+def test_the_fusion_ablations(folder, fusion):
+    m = load_hf(folder, fusion=fusion)
+    t = toks(T=7)
+    out = m(t, passes=3)
+    if fusion == "none":  # no feedback: every pass is pass 1
+        for p in out.passes[1:]:
+            torch.testing.assert_close(p.logits, out.passes[0].logits, **TOL)
+        return
+    rec = run_recurrence(m, t)
+    for k in (1, 2, 3):
+        torch.testing.assert_close(out.passes[k - 1].states[:, :k], rec.states[:, :k], **TOL)
+    assert m.fusion.W_G is None and (out.passes[2].logits - out.passes[0].logits).abs().max() > 0
