@@ -491,7 +491,9 @@ def train(
         # find_unused_parameters: a one-pass step never reaches the fusion's parameters, and
         # which steps are one-pass changes along the schedule, so the graph is not static
         # (static_graph would assume every step uses the same parameters)
-        net = DistributedDataParallel(model, find_unused_parameters=True)
+        # broadcast_buffers off: the only buffers are the rotary tables, fixed by the config,
+        # and ranks may run different numbers of forwards in a step (their length buckets)
+        net = DistributedDataParallel(model, find_unused_parameters=True, broadcast_buffers=False)
     stream = cfg.stream()
     revision = git_revision()  # at the start: the code that trains, not what changed meanwhile
     t0 = time.monotonic()

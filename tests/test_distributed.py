@@ -189,3 +189,12 @@ def test_torchrun_runs_the_train_command(tmp_path):
     assert r.stdout.count("trained 6/6 steps") == 1  # rank 0 reports, once
     m = json.loads((out / "metrics.json").read_text())
     assert m["world_size"] == 2 and m["steps_done"] == 6
+
+
+def test_ranks_with_different_numbers_of_length_buckets_equal_one_process(tmp_path):
+    # 16 examples of counts 0..256: on 7 of the 20 steps one rank runs its 8 rows in more
+    # length buckets than the other, so the ranks make different numbers of forwards
+    extra = {"data.batch_size": 16, "data.count_dist": "uniform", "schedule.0.n_max": 256}
+    train(_cfg(**extra), tmp_path / "one")
+    run_distributed(2, _cfg(**extra), tmp_path / "two")
+    _assert_same_run(tmp_path / "one", tmp_path / "two")
