@@ -61,3 +61,18 @@ def test_full_recurrence_errors_of_the_default_model():
     model, _ = resolve_model("default")
     r = _check_against_eval(model.eval(), n_groups=16, passes=6)
     assert len(r["wrong"]) <= 0.08 * r["n_prompts"]
+
+
+def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "tiny_hf_model.py"
+    out = tmp_path / "m"
+    r = subprocess.run([sys.executable, str(script), str(out), "--family", "gpt2"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    model, _ = resolve_model(str(out))
+    assert model.cfg.architecture == "GPT2LMHeadModel" and model.encoding is not None
+    again = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
+    assert again.returncode == 1 and "exists" in again.stderr
