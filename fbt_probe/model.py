@@ -219,19 +219,29 @@ class JitterNoise:
 
     def __init__(self, seed: int, length: int, d_model: int, device=None):
         self.seed, self.shape, self.device = seed, (length, d_model), device
-        self._rows: dict[tuple[int, int], torch.Tensor] = {}
+        # pass k -> (rows drawn so far, a buffer of the batch's rows); drawn straight into
+        # the buffer and read with one gather (stacking per-row tensors was the slow part)
+        self._passes: dict[int, tuple[set[int], torch.Tensor]] = {}
 
     def take(self, k: int, rows: torch.Tensor, length: int) -> torch.Tensor:
         """(len(rows), length, d_model): pass k's noise at batch rows ``rows``."""
-        out = []
-        for r in rows.tolist():
-            if (k, r) not in self._rows:
+        idx = rows.tolist()
+        need = max(idx) + 1
+        drawn, buf = self._passes.get(k, (set(), None))
+        if buf is None or buf.shape[0] < need:  # rows are never beyond the step's batch
+            grown = torch.empty((need, *self.shape), device=self.device)
+            if buf is not None:
+                grown[: buf.shape[0]] = buf
+            buf = grown
+        for r in idx:
+            if r not in drawn:
                 lo, hi = np.random.SeedSequence([self.seed, k, r]).generate_state(2)
                 g = torch.Generator(device=self.device)
                 g.manual_seed(int(hi) << 31 | int(lo) >> 1)
-                self._rows[k, r] = torch.rand(self.shape, generator=g, device=self.device)
-            out.append(self._rows[k, r][:length])
-        return torch.stack(out)
+                torch.rand(self.shape, generator=g, device=self.device, out=buf[r])
+                drawn.add(r)
+        self._passes[k] = (drawn, buf)
+        return buf[rows.to(buf.device), :length]
 
 
 class FeedbackModel(HookedRootModule):
