@@ -184,9 +184,8 @@ def is_hf_folder(path: Path) -> bool:
     if not cfg.is_file():
         return False
     try:
-        return "architectures" in json.loads(cfg.read_text()) or "model_type" in json.loads(
-            cfg.read_text()
-        )
+        keys = json.loads(cfg.read_text())
+        return isinstance(keys, dict) and ("architectures" in keys or "model_type" in keys)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
 
