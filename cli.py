@@ -526,8 +526,9 @@ def intervene(
     data: Path = typer.Option(
         None,
         "--data",
-        help="A twin dataset (fbt-probe generate --twins); default data/<task>-twins.parquet, "
-        "generated if absent with the probe dataset's seed.",
+        help="A twin dataset (fbt-probe generate --twins); default data/<task>-twins.parquet "
+        "(a Hugging Face model: data/<task>-twins-tok-<fingerprint>.parquet, through its "
+        "tokenizer), generated if absent with the probe dataset's seed.",
     ),
     out: Path = typer.Option(
         Path("results/interventions"),
@@ -590,13 +591,6 @@ def intervene(
 
     world = world_from_env(resolve_device(device))  # under torchrun: this rank of the world
     m, name = resolve_model(model, rank_device(resolve_device(device), world))
-    from fbt_probe.hf import HFFeedbackModel
-
-    if isinstance(m, HFFeedbackModel):
-        raise ValueError(
-            "intervene does not take a Hugging Face model yet (its twins and patches use the "
-            "built-in model's words and KV cache); fit, eval and stability do"
-        )
     if random_init:
         from fbt_probe.registry import random_init_like
 
@@ -606,7 +600,7 @@ def intervene(
         from probes.intervene import load_twins
 
         for t in task_list:
-            ds = load_twins(t, (data_map or {}).get(t))
+            ds = load_twins(t, (data_map or {}).get(t), m)
             for p in prefills:
                 extract_cached(m, ds, p)
         world.barrier()

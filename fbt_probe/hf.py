@@ -134,6 +134,15 @@ class HFFeedbackModel(FeedbackModel):
             )
         return DynamicCache(config=self.hf.config)
 
+    def snapshot_cache(self, cache):
+        # a DynamicCache layer grows by concatenation and shrinks by slicing, never in place,
+        # so its present tensors (and counters) are the snapshot: nothing is copied
+        return [dict(layer.__dict__) for layer in cache.layers]
+
+    def restore_cache(self, cache, snapshot, start: int) -> None:
+        for layer, saved in zip(cache.layers, snapshot, strict=True):
+            layer.__dict__.update(saved)
+
     def stack(
         self, x: torch.Tensor, offset: int = 0, cache=None, from_layer: int = 0
     ) -> PassOutput:
@@ -148,8 +157,8 @@ class HFFeedbackModel(FeedbackModel):
             )
         if cache is not None:
             have = cache.get_seq_length()
-            if have > offset:
-                cache.crop(offset)
+            if have > offset:  # a negative count removes that many (old and new transformers)
+                cache.crop(offset - have)
             elif have < offset:
                 raise ValueError(f"the cache holds {have} positions; cannot run from {offset}")
         pos = torch.arange(offset, offset + T, device=x.device)[None].expand(x.shape[0], T)

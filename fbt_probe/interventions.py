@@ -12,8 +12,8 @@ the earlier positions' keys and values from the clean run. A patch is a list of
 TransformerLens hooks (``replace_where``), and optionally other token embeddings. Under the
 recurrence a patch at position t reaches every later step through the state it changes, as at
 inference; forcing ``fusion.hook_state`` at every later position to the clean values is the
-"patch only" variant. Nothing here knows about tasks or probes: any model with
-``embed``, ``plain_mask``, ``feedback_pass`` and the hook names of ``FBTModel`` works.
+"patch only" variant. Nothing here knows about tasks or probes: any ``FeedbackModel``
+(the built-in model or a Hugging Face one) with the hook names of ``FBTModel`` works.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FBTModel, KVCache
+from fbt_probe.model import FeedbackModel
 from fbt_probe.recurrence import recurrence_steps, run_recurrence
 
 STATE_HOOK = "fusion.hook_state"
@@ -45,8 +45,8 @@ class Trace:
     prev: torch.Tensor | None  # (batch, pos, d_model) states of the pass before the last (Jacobi)
     states: torch.Tensor  # (batch, pos, d_model) top states of the last pass / the recurrence
     logits: torch.Tensor  # (batch, pos, d_vocab)
-    cache: KVCache | None  # keys and values of the last pass (None: not kept)
-    pristine: tuple[torch.Tensor, torch.Tensor] | None = None  # a copy the patched runs restore
+    cache: object | None  # keys and values of the last pass (None: not kept)
+    pristine: object | None = None  # model.snapshot_cache(cache), what patched runs restore
     resid: torch.Tensor | None = None  # (n_layers, batch, pos, d_model) each block's input
 
     @property
@@ -60,18 +60,19 @@ class Trace:
 
 @torch.inference_mode()
 def clean_run(
-    model: FBTModel, tokens: torch.Tensor, passes: int | None, keep_cache: bool = True
+    model: FeedbackModel, tokens: torch.Tensor, passes: int | None, keep_cache: bool = True
 ) -> Trace:
     """Run ``tokens`` (batch, pos) once; ``keep_cache`` keeps what ``patched_run`` needs."""
     B, T = tokens.shape
-    cache = KVCache(model.cfg, B, T, device=tokens.device) if keep_cache else None
+    cache = model.new_cache(B, T, device=tokens.device) if keep_cache else None
     model.set_context(0, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, None, tokens.device)
     prev = None
     resid = None
     hooks = []
-    if keep_cache:  # every block's input in the last pass, for patched runs from a depth
+    if keep_cache and model.skips_layers:  # each block's input in the last pass, for
+        # patched runs from a depth
         resid = emb.new_zeros(model.cfg.n_layers, B, T, emb.shape[-1])
 
         def keep(x, hook, layer):
@@ -90,13 +91,13 @@ def clean_run(
             for k in range(passes - 1):
                 prev = model.feedback_pass(emb, prev, plain=plain, pass_index=k).states
             out = model.feedback_pass(emb, prev, plain=plain, cache=cache, pass_index=passes - 1)
-    pristine = (cache.k.clone(), cache.v.clone()) if cache is not None else None
+    pristine = model.snapshot_cache(cache) if cache is not None else None
     return Trace(passes, emb, plain, prev, out.states, out.logits, cache, pristine, resid)
 
 
 @torch.inference_mode()
 def patched_run(
-    model: FBTModel,
+    model: FeedbackModel,
     trace: Trace,
     start: int,
     hooks: list[tuple[str, Callable]] = (),
@@ -122,6 +123,8 @@ def patched_run(
     try:
         with model.hooks(fwd_hooks=list(hooks)):
             if from_layer > 0:
+                if trace.resid is None:
+                    raise ValueError("this model runs its stack whole: from_layer must be 0")
                 return _from_layer(model, trace, start, from_layer)
             if trace.passes is None:
                 carry = trace.states[:, start - 1 : start] if start > 0 else None
@@ -143,11 +146,10 @@ def patched_run(
                 )
             return out.logits
     finally:  # the next patched run reads the clean keys and values again
-        cache.k[..., start:, :].copy_(trace.pristine[0][..., start:, :])
-        cache.v[..., start:, :].copy_(trace.pristine[1][..., start:, :])
+        model.restore_cache(cache, trace.pristine, start)
 
 
-def _from_layer(model: FBTModel, trace: Trace, start: int, layer: int) -> torch.Tensor:
+def _from_layer(model: FeedbackModel, trace: Trace, start: int, layer: int) -> torch.Tensor:
     """The blocks from ``layer`` up, on the clean inputs of that block, from ``start`` on."""
     x = trace.resid[layer]
     if trace.passes is not None:

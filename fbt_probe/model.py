@@ -252,7 +252,19 @@ class FeedbackModel(HookedRootModule):
     ``embed(tokens)``, ``stack(x, offset, cache, from_layer)`` and ``new_cache(batch, length)``;
     ``_hook_points`` and ``context`` are set in its ``__init__``."""
 
+    # whether ``stack(from_layer=l)`` can start at block l from that block's input
+    skips_layers = False
+
     def new_cache(self, batch: int, max_len: int, device=None):
+        raise NotImplementedError
+
+    def snapshot_cache(self, cache):
+        """What ``restore_cache`` needs to give ``cache`` back its present keys and values."""
+        raise NotImplementedError
+
+    def restore_cache(self, cache, snapshot, start: int) -> None:
+        """Put back the keys and values of positions >= ``start`` that ``snapshot_cache``
+        saw (a patched re-run from ``start`` replaced them)."""
         raise NotImplementedError
 
     def set_context(self, pass_index: int | None, step: int | None, offset: int) -> None:
@@ -411,6 +423,8 @@ class FeedbackModel(HookedRootModule):
 class FBTModel(FeedbackModel):
     """Full-bandwidth transformer with TransformerLens hooks on every component."""
 
+    skips_layers = True
+
     def __init__(self, cfg: FBTConfig, seed: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -448,6 +462,13 @@ class FBTModel(FeedbackModel):
     def new_cache(self, batch: int, max_len: int, device=None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` positions."""
         return KVCache(self.cfg, batch, max_len, device=device)
+
+    def snapshot_cache(self, cache: KVCache):
+        return cache.k.clone(), cache.v.clone()
+
+    def restore_cache(self, cache: KVCache, snapshot, start: int) -> None:
+        cache.k[..., start:, :].copy_(snapshot[0][..., start:, :])
+        cache.v[..., start:, :].copy_(snapshot[1][..., start:, :])
 
     # ---- pieces --------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ from fbt_probe.interventions import (
     patched_run,
     replace_where,
 )
-from fbt_probe.model import FBTModel
+from fbt_probe.model import FeedbackModel
 from probes.extract import DEFAULT_CACHE, depth_hooks, extract_cached, parse_prefill
 from probes.fit import N_BOOT, grouped_splits
 from tasks import target_names, vocab
@@ -92,8 +92,9 @@ class Pairs:
     label_pos: np.ndarray  # the label-bearing token
     colon: np.ndarray
     target: np.ndarray  # which label flips (index into the task's targets)
-    clean_id: np.ndarray  # vocabulary id of the clean label there
+    clean_id: np.ndarray  # vocabulary id of the clean label there (its first token)
     twin_id: np.ndarray
+    twin_label: np.ndarray  # the twin's label word of the flipped target
     groups: np.ndarray
     labels: np.ndarray  # (n, n_targets) label words
 
@@ -114,7 +115,8 @@ def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
     toks, twins, answer = [], [], []
     for i in rows:
         a, b, c = ds.token_ids[i], ds.twin_token_ids[i], int(ds.colon_index[i])
-        after = np.flatnonzero(a[c + 1 :] != b[c + 1 :])
+        n = min(len(a), len(b))  # through a tokenizer the labels may differ in length
+        after = np.flatnonzero(a[c + 1 : n] != b[c + 1 : n])
         if len(after) == 0:
             raise ValueError(f"row {i}: its twin has the same answer")
         pos = c + int(after[0])
@@ -132,6 +134,7 @@ def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
         target=ds.twin_target[rows],
         clean_id=np.array([ds.token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
         twin_id=np.array([ds.twin_token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
+        twin_label=np.array([ds.twin_labels[i][ds.twin_target[i]] for i in rows]),
         groups=ds.group[rows],
         labels=np.array([list(ds.labels[i]) for i in rows]),
     )
@@ -278,7 +281,7 @@ def depth_tools(
                 coef, cls = p.direction(), p.clf.classes_
             vec = class_vectors(coef, cls)
             for i in apply:
-                clean, twin = pairs.labels[i, target], vocab.TOKENS[pairs.twin_id[i]]
+                clean, twin = pairs.labels[i, target], pairs.twin_label[i]
                 u = vec.get(twin, 0.0) - vec.get(clean, 0.0)
                 u = np.asarray(u, dtype=np.float64)
                 norm = np.linalg.norm(u)
@@ -336,9 +339,10 @@ def specs(
     donor_fed: torch.Tensor | None,
     tools: dict[int, DepthTools] | None,
     hooks_by_depth: list[str],
+    skips_layers: bool = True,
 ) -> Iterator[tuple[Key, int, list, torch.Tensor | None, int]]:
     """Every patched run of one batch: (key, start, hooks, embeddings or None, the block the
-    run may start from)."""
+    run may start from; 0 unless ``skips_layers``, the model's ``stack`` can start higher)."""
     c, w = b.clean, b.twin
     t = b.positions().to(b.answer.device)
     feedback = c.fed is not None
@@ -387,7 +391,7 @@ def specs(
     s = int(b.colon.min())
     # a patch at depth d leaves the blocks below it as they were, in a Jacobi pass always, in
     # the recurrence when nothing after the colon is read (the answer is at the colon)
-    skip = passes is not None or bool((b.answer == b.colon).all())
+    skip = skips_layers and (passes is not None or bool((b.answer == b.colon).all()))
     n_layers = len(hooks_by_depth) - 1
     for d, hook in enumerate(hooks_by_depth):
         tl = tools[d]
@@ -475,7 +479,7 @@ def donor_states(b: Batch, fed: list[torch.Tensor], answers: list, donor: dict) 
 
 @torch.inference_mode()
 def run_battery(
-    model: FBTModel,
+    model: FeedbackModel,
     ds: Dataset,
     prefill: str,
     seed: int = 0,
@@ -552,7 +556,7 @@ def run_battery(
     for k, b in enumerate(bs):
         dfed = donor_states(b, fed, answers, donor) if donor else None
         for key, start, hooks, emb, first in specs(
-            b, passes, mean_state, dfed, tools, hooks_by_depth
+            b, passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers
         ):
             t1 = time.monotonic()
             logits = patched_run(model, b.clean, start, hooks, emb, from_layer=first)
@@ -639,31 +643,42 @@ REPRODUCE_BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 
 # ---- the command ------------------------------------------------------------------------
-def default_twin_path(task: str) -> Path:
-    return Path("data") / f"{task}-twins.parquet"
+def default_twin_path(task: str, encoding=None) -> Path:
+    from tasks.generate import default_path
+
+    return default_path(task, encoding, twins=True)
 
 
-def load_twins(task: str, data: str | Path | None) -> Dataset:
+def load_twins(task: str, data: str | Path | None, model=None) -> Dataset:
     """The twin dataset given, or ``data/<task>-twins.parquet`` (generated if absent, with
-    the probe dataset's seed, so its rows are those ``fit`` probes)."""
+    the probe dataset's seed, so its rows are those ``fit`` probes); for a model with a
+    tokenizer of its own, ``data/<task>-twins-tok-<fingerprint>.parquet`` encoded with it.
+    The dataset must be encoded the way ``model`` reads."""
+    from probes.run import check_encoding
     from tasks.dataset import load
     from tasks.generate import DEFAULT_SEED, generate_dataset
 
+    encoding = getattr(model, "encoding", None)
     if data is not None:
         ds = load(data)
         if ds.task != task:
             raise ValueError(f"{data} holds task {ds.task!r}, not {task!r}")
         if not ds.has_twins:
             raise ValueError(f"{data} has no twins: generate it with 'fbt-probe generate --twins'")
-        return ds
-    path = default_twin_path(task)
-    if not path.is_file():
-        generate_dataset(task, path, seed=DEFAULT_SEED, twins=True)
-    return load(path)
+        path = Path(data)
+    else:
+        path = default_twin_path(task, encoding)
+        if not path.is_file():
+            tokenizer = None if encoding is None else encoding.source
+            generate_dataset(task, path, seed=DEFAULT_SEED, twins=True, tokenizer=tokenizer)
+        ds = load(path)
+    if model is not None:
+        check_encoding(ds, model, path)
+    return ds
 
 
 def run_intervene(
-    model: FBTModel,
+    model: FeedbackModel,
     model_name: str,
     plan: list[tuple[str, str]],
     out_dir: str | Path,
@@ -693,7 +708,7 @@ def run_intervene(
     loaded = {}
     for task, prefill in plan:
         if task not in loaded:
-            loaded[task] = load_twins(task, (data or {}).get(task))
+            loaded[task] = load_twins(task, (data or {}).get(task), model)
         ds = loaded[task]
         rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
                                        cache_dir=cache_dir, probes=probes, progress=progress)  # fmt: skip

@@ -131,9 +131,10 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def to_table(examples: list[Example], meta: dict, twins=None, encoded=None) -> pa.Table:
+def to_table(examples: list[Example], meta: dict, twins=None, encoded=None,
+             twin_ids=None) -> pa.Table:  # fmt: skip
     """``encoded``: each example's ``tasks.encoding.Encoded`` (a tokenizer's ids) instead of
-    the word vocabulary's."""
+    the word vocabulary's; ``twin_ids`` then the twins' ids (empty where none)."""
     if encoded is None:
         ids = [vocab.encode(ex.tokens) for ex in examples]
         colons = [ex.colon_index for ex in examples]
@@ -152,7 +153,11 @@ def to_table(examples: list[Example], meta: dict, twins=None, encoded=None) -> p
     }
     schema = SCHEMA
     if twins is not None:
-        cols["twin_token_ids"] = [vocab.encode(t.example.tokens) if t else [] for t in twins]
+        cols["twin_token_ids"] = (
+            twin_ids
+            if twin_ids is not None
+            else [vocab.encode(t.example.tokens) if t else [] for t in twins]
+        )
         cols["twin_labels"] = [list(t.example.answer) if t else [] for t in twins]
         cols["twin_target"] = [t.target if t else -1 for t in twins]
         cols["twin_position"] = [t.position if t else -1 for t in twins]
@@ -296,7 +301,7 @@ def load(path: str | Path) -> Dataset:
         raise ValueError(f"{path}: row {bad[0]} has no colon at its colon_index")
     twins = {}
     if "twin_target" in table.schema.names:
-        twins = _load_twins(path, d)
+        twins = _load_twins(path, d, meta)
     return Dataset(
         meta=meta,
         token_ids=[np.asarray(x, dtype=np.int64) for x in d["token_ids"]],
@@ -310,17 +315,20 @@ def load(path: str | Path) -> Dataset:
     )
 
 
-def _load_twins(path: Path, d: dict) -> dict:
+def _load_twins(path: Path, d: dict, meta: dict) -> dict:
     """The twin columns, checked against the rows they belong to."""
     if not set(TWIN_SCHEMA.names) <= set(d):
         raise ValueError(f"{path}: its twin columns are incomplete")
     target = np.asarray(d["twin_target"], dtype=np.int64)
     position = np.asarray(d["twin_position"], dtype=np.int64)
+    # through a tokenizer a twin's label may take more or fewer tokens than the example's
+    same_length = meta.get("tokenizer") is None
     for i in np.flatnonzero(target >= 0):
         ids, tw = d["token_ids"][i], d["twin_token_ids"][i]
+        c = d["colon_index"][i]
         if (
-            len(tw) != len(ids)
-            or not 0 <= position[i] < d["colon_index"][i]
+            (len(tw) != len(ids) if same_length else len(tw) <= c or len(ids) <= c)
+            or not 0 <= position[i] < c
             or target[i] >= len(d["labels"][i])
             or len(d["twin_labels"][i]) != len(d["labels"][i])
         ):

@@ -6,7 +6,9 @@ character offsets: the prompt must end exactly where a token ends (a tokenizer t
 the colon with the next word is refused), and the prompt's tokens must be the ones the
 prompt alone encodes to (so the prompt a model is given is the one it was trained on). Each
 label is scored by its first token, so two labels whose first tokens are the same cannot be
-told apart: such a tokenizer is refused for the task.
+told apart: such a tokenizer is refused for the task. A counterfactual twin is kept only
+where its prompt tokenizes to as many tokens as its example's, differs from it in one prompt
+token, and its changed label's first token is where the example's is (``encode_twin``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.base import Example
+from tasks.base import Example, Twin
 
 
 @dataclass(frozen=True)
@@ -134,3 +136,21 @@ class TokenizerEncoding:
                 )
             label_pos.append(j)
         return Encoded(ids, colon, tuple(label_pos))
+
+    def encode_twin(self, clean: Encoded, twin: Twin) -> tuple[list[int], int] | None:
+        """The twin's ids and the one prompt token where they differ from the example's
+        (``clean``, its encoding), or None where the tokenizer breaks the twin contract: a
+        prompt of another length, more than one prompt token changed, or the changed label's
+        first token elsewhere than the example's (no one position then predicts both). What
+        follows that first token may differ in length (a label of more tokens)."""
+        enc = self.encode(twin.example)
+        a, b, c = clean.ids, enc.ids, clean.colon_index
+        if enc.colon_index != c:
+            return None
+        j = clean.label_positions[twin.target]
+        if enc.label_positions[twin.target] != j or a[j] == b[j]:
+            return None
+        diff = [i for i in range(j) if a[i] != b[i]]
+        if len(diff) != 1 or diff[0] >= c:
+            return None
+        return b, diff[0]

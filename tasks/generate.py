@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from tasks import get_task
@@ -18,11 +19,13 @@ DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
 
 
-def default_path(task: str, encoding=None) -> Path:
-    """data/<task>.parquet, or with a tokenizer data/<task>-tok-<fingerprint>.parquet."""
+def default_path(task: str, encoding=None, twins: bool = False) -> Path:
+    """data/<task>.parquet (data/<task>-twins.parquet with twins), or with a tokenizer
+    data/<task>[-twins]-tok-<fingerprint>.parquet."""
+    name = f"{task}-twins" if twins else task
     if encoding is None:
-        return Path("data") / f"{task}.parquet"
-    return Path("data") / f"{task}-tok-{encoding.fingerprint}.parquet"
+        return Path("data") / f"{name}.parquet"
+    return Path("data") / f"{name}-tok-{encoding.fingerprint}.parquet"
 
 
 # bytes a rendered token costs at the peak of building a dataset (the word tuples, the text,
@@ -81,25 +84,30 @@ def generate_dataset(
     if tokenizer is not None:
         from tasks.encoding import TokenizerEncoding
 
-        if twins:
-            raise ValueError("--twins with --tokenizer is not supported yet: twins use the words")
         encoding = TokenizerEncoding.from_folder(tokenizer)
-    out = Path(out) if out is not None else default_path(task, encoding)
+    out = Path(out) if out is not None else default_path(task, encoding, twins)
     check_output_file(out, force)
     examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
-    encoded, tok_meta = None, None
+    pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE) if twins else None
+    encoded, tok_meta, twin_ids = None, None, None
     if encoding is not None:
-        encoding.check_labels(w for ex in examples for w in ex.answer)
+        words = [w for ex in examples for w in ex.answer]
+        words += [w for t in pairs or () if t is not None for w in t.example.answer]
+        encoding.check_labels(words)
         encoded = [encoding.encode(ex) for ex in examples]
         colon_ids = sorted({e.ids[e.colon_index] for e in encoded})
         tok_meta = {**encoding.describe(), "colon_ids": colon_ids}
+        if pairs is not None:  # a twin the tokenizer breaks is dropped (encode_twin)
+            kept = [None if t is None else encoding.encode_twin(e, t)
+                    for t, e in zip(pairs, encoded, strict=True)]  # fmt: skip
+            pairs = [None if k is None else replace(t, position=k[1])
+                     for t, k in zip(pairs, kept, strict=True)]  # fmt: skip
+            twin_ids = [[] if k is None else k[0] for k in kept]
     meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples, tok_meta)
-    pairs = None
-    if twins:
-        pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE)
+    if pairs is not None:
         meta["twins"] = {
             "n_twins": sum(t is not None for t in pairs),
             "hash": content_hash([t.example for t in pairs if t is not None]),
         }
-    write_atomic(to_table(examples, meta, pairs, encoded), out)
+    write_atomic(to_table(examples, meta, pairs, encoded, twin_ids), out)
     return out

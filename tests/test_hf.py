@@ -155,3 +155,58 @@ def test_the_fusion_ablations(folder, fusion):
     for k in (1, 2, 3):
         torch.testing.assert_close(out.passes[k - 1].states[:, :k], rec.states[:, :k], **TOL)
     assert m.fusion.W_G is None and (out.passes[2].logits - out.passes[0].logits).abs().max() > 0
+
+
+# ---- interventions: patched re-runs through the Hugging Face cache ---------------------
+def _every(tokens):
+    return torch.ones_like(tokens, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("passes", [2, None])
+def test_a_self_patch_changes_nothing_and_each_run_restores_the_cache(model, passes):
+    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+
+    t = toks(B=3, T=11)
+    c = clean_run(model, t, passes)
+    other = clean_run(model, toks(B=3, T=11, seed=1), passes, keep_cache=False)
+    # a patch that changes the answers, from a late position, then self patches from
+    # earlier positions: each must find the clean keys and values again
+    changed = patched_run(model, c, 6, [(STATE_HOOK, replace_where(_every(t), other.fed))])
+    assert (changed - c.logits[:, 6:]).abs().max() > 1e-4
+    for s in (1, 3, 8):
+        lg = patched_run(model, c, s, [(STATE_HOOK, replace_where(_every(t), c.fed))])
+        torch.testing.assert_close(lg, c.logits[:, s:], **TOL)
+
+
+@pytest.mark.parametrize("passes", [2, None])
+def test_interchanging_every_state_and_token_gives_the_other_run(model, passes):
+    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+
+    a, b = toks(B=2, T=10, seed=2), toks(B=2, T=10, seed=3)
+    c = clean_run(model, a, passes)
+    w = clean_run(model, b, passes, keep_cache=False)
+    lg = patched_run(model, c, 0, [(STATE_HOOK, replace_where(_every(a), w.fed))], emb=w.emb)
+    torch.testing.assert_close(lg, w.logits, **TOL)
+
+
+def test_a_recurrence_patch_resumed_from_t_equals_the_whole_patched_recurrence(model):
+    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+
+    a, t = toks(B=2, T=12, seed=4), 7
+    mask = torch.zeros_like(a, dtype=torch.bool)
+    mask[:, t] = True
+    hook = (STATE_HOOK, replace_where(mask, torch.zeros(*a.shape, model.cfg.d_model)))
+    with model.hooks(fwd_hooks=[hook]):
+        whole = run_recurrence(model, a)
+    c = clean_run(model, a, None)
+    torch.testing.assert_close(whole.logits[:, :t], c.logits[:, :t], atol=0, rtol=0)
+    torch.testing.assert_close(patched_run(model, c, t, [hook]), whole.logits[:, t:], **TOL)
+
+
+def test_a_hugging_face_stack_is_never_started_from_a_depth(model):
+    from fbt_probe.interventions import clean_run, patched_run
+
+    c = clean_run(model, toks(), 2)
+    assert not model.skips_layers and c.resid is None
+    with pytest.raises(ValueError, match="runs its stack whole"):
+        patched_run(model, c, 1, [], from_layer=1)

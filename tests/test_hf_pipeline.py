@@ -172,8 +172,84 @@ def test_train_init_from_a_llama_folder_lowers_the_multipass_loss(llama, tmp_pat
     assert r.exit_code == 0, r.output
 
 
-def test_intervene_refuses_a_hugging_face_model_in_one_line(llama, tmp_path):
-    r = CliRunner().invoke(app, ["intervene", "--model", str(llama), "--task", "delayed_memory",
-                                 "--out", str(tmp_path / "iv")])  # fmt: skip
-    assert r.exit_code == 1 and "does not take a Hugging Face model" in r.output
-    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv").exists()
+@pytest.fixture(scope="module")
+def llama_bpe(tmp_path_factory):
+    return model_folder(tmp_path_factory.mktemp("hf") / "llama-bpe", "llama", bpe_tokenizer())
+
+
+@pytest.mark.parametrize("task", ["delayed_memory", "done_tracking"])
+def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp_path, task):
+    from tasks.generate import generate_dataset
+    from tests.oracle import interpret
+
+    path = generate_dataset(task, tmp_path / "t.parquet", n_groups=12, distractors=(1, 5),
+                            seed=3, twins=True, tokenizer=llama_bpe)  # fmt: skip
+    words = load(generate_dataset(task, tmp_path / "w.parquet", n_groups=12,
+                                  distractors=(1, 5), seed=3, twins=True))  # fmt: skip
+    ds, enc = load(path), TokenizerEncoding.from_folder(llama_bpe)
+    kept = np.flatnonzero(ds.twin_target >= 0)
+    assert 0 < len(kept) <= int((words.twin_target >= 0).sum())
+    assert ds.meta["twins"]["n_twins"] == len(kept)
+    for i in kept:
+        a, b, c = ds.token_ids[i], ds.twin_token_ids[i], int(ds.colon_index[i])
+        assert np.flatnonzero(a[: c + 1] != b[: c + 1]).tolist() == [ds.twin_position[i]]
+        text = enc.tok.decode(b)
+        assert interpret(text) == ds.twin_labels[i]  # the oracle reads the twin's own text
+        label = ds.twin_labels[i][ds.twin_target[i]]
+        n = min(len(a), len(b))
+        j = c + 1 + int(np.flatnonzero(a[c + 1 : n] != b[c + 1 : n])[0])
+        assert b[j] == enc.first_token(label) and a[j] != b[j]
+
+
+def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
+    from fbt_probe.hf import load_hf
+    from fbt_probe.interventions import STATE_HOOK
+    from probes.intervene import Key, run_battery
+    from tasks.generate import generate_dataset
+
+    m = load_hf(llama, fusion="none")
+    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
+                            distractors=(2, 6), seed=11, twins=True, tokenizer=llama)  # fmt: skip
+    rec, _, _ = run_battery(m, load(path), "full", cache_dir=None, probe_interventions=False)
+    c, f, ld = rec.hits[Key("clean", "", "")]
+    state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
+    assert len(state) == 1 + 4 * 6 + 1 + 1
+    for k in state:
+        kc, kf, kld = rec.hits[k]
+        assert np.array_equal(kc, c) and np.array_equal(kf, f)
+        np.testing.assert_allclose(kld, ld, atol=1e-5, rtol=0)
+    # the token route is not a no-op: the twin's label token reaches the answer by attention
+    _, _, tld = rec.hits[Key("interchange_token", "hook_embed", "label_token")]
+    assert np.abs(tld - ld).max() > 1e-4
+
+
+def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
+    import pandas as pd
+
+    from probes.intervene import INTERVENTIONS
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "dm.parquet"
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--twins", "--tokenizer",
+                                 str(llama_bpe), "--n-groups", "10", "--distractors", "1,4",
+                                 "--out", str(data)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_bpe), "--task",
+                                 "delayed_memory", "--prefill", "recurrent", "--data", str(data),
+                                 "--out", "iv"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "iv" / "interventions.csv")
+    assert set(df.intervention) == set(INTERVENTIONS)
+    self_ld = df[(df.intervention == "self") & (df.metric == "logit_diff")].value
+    np.testing.assert_allclose(self_ld, 1.0, atol=1e-4)
+    meta = json.loads((tmp_path / "iv" / "interventions.json").read_text())
+    assert meta["runs"][0]["n_pairs"] == int((load(data).twin_target >= 0).sum())
+    assert (tmp_path / "iv" / "figures").is_dir()
+    # a word dataset is refused for it, in one line, before any work
+    words = tmp_path / "w.parquet"
+    CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--twins", "--n-groups", "6",
+                             "--out", str(words)])  # fmt: skip
+    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_bpe), "--task",
+                                 "delayed_memory", "--data", str(words), "--out", "iv2"])  # fmt: skip
+    assert r.exit_code == 1 and "built-in word vocabulary" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv2").exists()
