@@ -211,7 +211,11 @@ def train(
         "token and memory per rank; allocate and train nothing (e.g. --config paper-1b).",
     ),
     world_size: int = typer.Option(
-        8, "--world-size", min=1, help="With --dry-run: the ranks the memory is given for."
+        None,
+        "--world-size",
+        min=1,
+        help="With --dry-run: the ranks the memory is given for (default 8). A real run's "
+        "world is torchrun's (docs/distributed.md).",
     ),
     as_default: bool = typer.Option(
         False, "--as-default", help="Afterwards, install the result as the built-in default model."
@@ -267,10 +271,12 @@ def train(
         typer.echo(f"wrote {study / 'seed_table.csv'}, seed_table.md and seeds.png")
         typer.echo(table.loc[["seeds meeting"]].dropna(axis=1).T.to_string())
         return
+    if world_size is not None and not dry_run:
+        fail("--world-size goes with --dry-run; to train on N processes, run it under torchrun")
     if dry_run:
         from fbt_probe.costs import dry_run as report
 
-        typer.echo(report(cfg, world_size))
+        typer.echo(report(cfg, world_size or 8))
         return
     if show:
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
@@ -349,12 +355,18 @@ def eval_(
         get_task(t)
     if n_groups < 5:
         raise ValueError("--n-groups must be at least 5")
+    from tasks.generate import DEFAULT_DISTRACTORS, check_memory
+
+    check_memory(n_groups, DEFAULT_DISTRACTORS)  # the held-out set is built whole
     if seed < 0:
         raise ValueError("--seed must be >= 0")
     mode_list = tuple(m.strip() for m in modes.split(","))
     from fbt_probe.train import resolve_device
 
     m, name = resolve_model(model, resolve_device(device))
+    from probes.run import require_tokenizer
+
+    require_tokenizer(m)
     if tasks_ == "all":  # every task this model's tokenizer can score; the others named
         from fbt_probe.evaluate import unscorable
 
@@ -571,9 +583,7 @@ def intervene(
         else tuple(dict.fromkeys(p.strip() for p in prefill.split(",")))
     )
     for p in prefills:
-        passes = parse_prefill(p)
-        if passes is not None and passes > 1000:
-            raise ValueError("--prefill k<N>: N must be in 1..1000")
+        parse_prefill(p)
     task_list, data_map = tasks_and_data(task, data)
     for t in task_list:
         if not hasattr(get_task(t), "twin"):
@@ -747,7 +757,11 @@ def stability(
     task_list = task_names() if task == "all" else (task,)
     for t in task_list:
         get_task(t)
+    from probes.run import require_tokenizer
+
     models = [(spec, *resolve_model(spec)) for spec in model]
+    for _, m, _ in models:
+        require_tokenizer(m)
     # Long runs use fewer sequences: 1000 passes over the 30-pass set would take an hour.
     groups = 16 if passes <= 30 else 4 if passes <= 100 else 2
     batches = {}  # one batch per tokenizer (the built-in words: None)

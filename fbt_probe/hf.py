@@ -274,7 +274,7 @@ def load_hf(
     quiet()
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - corrupt weights raise safetensors' own error type
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a loadable Hugging Face model ({first})") from None
     hf.eval()
@@ -286,7 +286,10 @@ def load_hf(
         encoding = TokenizerEncoding.from_folder(path)
     model = HFFeedbackModel(hf, cfg, encoding, str(path))
     if fw_path.is_file():
-        weights = load_file(str(fw_path))
+        try:
+            weights = load_file(str(fw_path))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+            raise ValueError(f"{fw_path} cannot be read ({str(e).splitlines()[0]})") from None
         mine = model.fusion.state_dict()
         bad = sorted(set(weights) ^ set(mine)) or [
             k for k in mine if tuple(weights[k].shape) != tuple(mine[k].shape)
@@ -325,20 +328,30 @@ def random_init_hf(model: HFFeedbackModel, seed: int = 0) -> HFFeedbackModel:
     return twin.to(next(model.parameters()).device).eval()
 
 
-def save_hf(model: HFFeedbackModel, out: str | Path, tokenizer=None) -> Path:
+def save_hf(
+    model: HFFeedbackModel, out: str | Path, tokenizer=None, extra: dict | None = None
+) -> Path:
     """Write the model folder: ``save_pretrained`` and the tokenizer (the one given, else the
-    model's own), then the fusion."""
+    model's own), the fusion, and ``extra`` ({file name: text}). The folder is written whole
+    or not at all (a full disk leaves the folder that was there)."""
     from safetensors.torch import save_file
 
+    from tasks.dataset import atomic_folder
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     quiet()
-    model.hf.save_pretrained(str(out))
     if tokenizer is None and model.encoding is not None:
         tokenizer = model.encoding.tok
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))
     sd = {k: v.detach().cpu().contiguous() for k, v in model.fusion.state_dict().items()}
-    save_file(sd, str(out / FUSION_WEIGHTS), metadata={"format": FORMAT})
-    (out / FUSION_CONFIG).write_text(json.dumps(model.cfg.fusion_dict(), indent=2) + "\n")
+
+    def write(tmp: Path) -> None:
+        model.hf.save_pretrained(str(tmp))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        save_file(sd, str(tmp / FUSION_WEIGHTS), metadata={"format": FORMAT})
+        (tmp / FUSION_CONFIG).write_text(json.dumps(model.cfg.fusion_dict(), indent=2) + "\n")
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+
+    atomic_folder(out, write)
     return out

@@ -354,6 +354,7 @@ class FeedbackModel(HookedRootModule):
         prefix_len: torch.Tensor | int | None = None,
         lengths: torch.Tensor | None = None,
         init_states: torch.Tensor | None = None,
+        keep_all: bool = True,
     ) -> MultiPassOutput:
         """tokens (batch, pos). Pass 1 runs on plain embeddings; pass k fuses pass k-1's top
         states, shifted right by one position, into every position t >= max(1, prefix_len).
@@ -365,6 +366,7 @@ class FeedbackModel(HookedRootModule):
         Batches are right-padded: attention is causal, so padding never reaches a real
         position; ``lengths`` (batch,) only zeroes the states of padded positions.
         Pass k is one Jacobi step of the sequential recurrence: positions < k equal it.
+        ``keep_all=False`` keeps the last pass's output only (memory does not grow with k).
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
@@ -387,7 +389,7 @@ class FeedbackModel(HookedRootModule):
                 out = out.masked(valid)
             elif valid is not None:
                 out = PassOutput(out.logits, out.states * valid[..., None])
-            outs.append(out)
+            outs = [*outs, out] if keep_all else [out]
             prev = out.states
         return MultiPassOutput(outs)
 
@@ -408,16 +410,22 @@ class FeedbackModel(HookedRootModule):
         positions: torch.Tensor | None = None,
         prefix_len=None,
         lengths=None,
+        last_only: bool = False,
     ) -> tuple[MultiPassOutput, list[ActivationCache]]:
         """Forward with ``passes`` passes; one ``ActivationCache`` per pass (index 0 = pass 1).
 
         positions: (batch,) or (batch, n) indices: keep only those positions, so memory is
         O(batch x n x hooks x d_model). A cached tensor then has shape (batch, [n,] ...).
+        ``last_only``: keep the last pass's output and activations only (one cache): what a
+        many-pass probe needs, in the memory of one pass.
         """
-        cap = PositionCapture(self, names_filter, positions, passes)
+        cap = PositionCapture(self, names_filter, positions, passes,
+                              only_pass=passes - 1 if last_only else None)  # fmt: skip
         with self.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
-            out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths)
-        return out, cap.caches()
+            out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths,
+                               keep_all=not last_only)  # fmt: skip
+        caches = cap.caches()
+        return out, caches[-1:] if last_only else caches
 
 
 class FBTModel(FeedbackModel):
@@ -510,9 +518,11 @@ class PositionCapture:
         positions: torch.Tensor | None,
         n_passes: int,
         by_pass: bool = True,
+        only_pass: int | None = None,
     ):
         self.model = model
         self.by_pass = by_pass  # False: one cache for everything (the recurrence)
+        self.only_pass = only_pass  # keep this pass's activations only (None: every pass)
         if names_filter is None:
             self.filter = lambda name: True
         elif isinstance(names_filter, str):
@@ -533,6 +543,8 @@ class PositionCapture:
     def hook(self, tensor: torch.Tensor, hook: HookPoint) -> None:
         name = hook.name
         k = self.model.context["pass"] if self.by_pass else 0
+        if self.only_pass is not None and k != self.only_pass:
+            return
         t = tensor.detach()
         pos_dim = 2 if name.endswith("hook_pattern") else 1
         if self.positions is None:

@@ -608,8 +608,9 @@ def train(
     else:  # a Hugging Face model folder, the fusion beside it (fbt_probe.hf)
         from fbt_probe.hf import save_hf
 
-        save_hf(model, out / "model")
-        write_text(out / "model" / "fbt_probe_meta.json", json.dumps(meta, indent=2) + "\n")
+        save_hf(
+            model, out / "model", extra={"fbt_probe_meta.json": json.dumps(meta, indent=2) + "\n"}
+        )
     world.barrier()
     return metrics
 

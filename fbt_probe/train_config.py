@@ -139,6 +139,7 @@ class RunConfig:
     fsdp: bool = False
 
     def __post_init__(self):
+        _need(self.seed >= 0, f"run.seed must be >= 0, got {self.seed}")
         _need(
             self.eval_every >= 1 and self.eval_examples >= 1 and self.checkpoint_every >= 1,
             "run: eval_every, eval_examples and checkpoint_every must be >= 1",

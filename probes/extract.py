@@ -33,6 +33,10 @@ PREFILLS = ("standard", "recurrent", "full")
 DEFAULT_CACHE = Path(".cache") / "extract"
 
 
+# as stability's --passes: far beyond where the Jacobi map has converged or diverged
+MAX_PASSES = 1000
+
+
 def parse_prefill(prefill: str) -> int | None:
     """Passes for a Jacobi prefill (standard=1, recurrent=2, kN=N); None for full."""
     if prefill == "standard":
@@ -41,10 +45,11 @@ def parse_prefill(prefill: str) -> int | None:
         return 2
     if prefill == "full":
         return None
-    if prefill.startswith("k") and prefill[1:].isdigit() and int(prefill[1:]) >= 1:
+    if prefill.startswith("k") and prefill[1:].isdigit() and 1 <= int(prefill[1:]) <= MAX_PASSES:
         return int(prefill[1:])
     raise ValueError(
-        f"unknown prefill {prefill!r}: use standard, recurrent, full or k<N> (N passes)"
+        f"unknown prefill {prefill!r}: use standard, recurrent, full or k<N> "
+        f"(N passes, 1..{MAX_PASSES})"
     )
 
 
@@ -152,7 +157,7 @@ def extract_features(
             _, cache = run_recurrence_with_cache(model, toks, names_filter=hooks, positions=at)
         else:
             _, caches = model.run_with_pass_caches(
-                toks, passes=passes, names_filter=hooks, positions=at
+                toks, passes=passes, names_filter=hooks, positions=at, last_only=True
             )
             cache = caches[-1]
         missing = [h for h in hooks if h not in cache]

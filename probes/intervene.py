@@ -654,10 +654,11 @@ def load_twins(task: str, data: str | Path | None, model=None) -> Dataset:
     the probe dataset's seed, so its rows are those ``fit`` probes); for a model with a
     tokenizer of its own, ``data/<task>-twins-tok-<fingerprint>.parquet`` encoded with it.
     The dataset must be encoded the way ``model`` reads."""
-    from probes.run import check_encoding
+    from probes.run import check_encoding, require_tokenizer
     from tasks.dataset import load
     from tasks.generate import DEFAULT_SEED, generate_dataset
 
+    require_tokenizer(model)
     encoding = getattr(model, "encoding", None)
     if data is not None:
         ds = load(data)

@@ -156,6 +156,7 @@ def load_or_generate(task: str, data: str | Path | None, model=None) -> Dataset:
     """The dataset file given, or the default ``data/<task>.parquet`` (generated if absent);
     for a model with a tokenizer of its own, ``data/<task>-tok-<fingerprint>.parquet``
     encoded with it. The dataset must be encoded the way ``model`` reads."""
+    require_tokenizer(model)
     encoding = getattr(model, "encoding", None)
     if data is not None:
         ds = load(data)
@@ -171,6 +172,15 @@ def load_or_generate(task: str, data: str | Path | None, model=None) -> Dataset:
     if model is not None:
         check_encoding(ds, model, path)
     return ds
+
+
+def require_tokenizer(model) -> None:
+    """A Hugging Face model reads tasks through its tokenizer: refuse one without any (before
+    a dataset is generated for it)."""
+    from fbt_probe.hf import HFFeedbackModel
+
+    if isinstance(model, HFFeedbackModel) and model.encoding is None:
+        raise ValueError(f"{model.source} has no tokenizer: save one beside the model")
 
 
 def check_encoding(ds: Dataset, model, path) -> None:
@@ -228,11 +238,14 @@ def run_fit(
     for site in sites:
         site_hooks(model, site)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     mhash = model_hash(model)
     control = random_init_like(model, seed=seed) if controls else None
     chash = model_hash(control) if control is not None else None
     datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
+    for t, ds in datasets.items():  # before the features are extracted, not after
+        n_groups = len(np.unique(ds.group))
+        if folds > n_groups:
+            raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
 
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
     models = {"trained": (model, mhash), "random_init": (control, chash)}

@@ -267,6 +267,37 @@ def atomic_write(out: Path, write) -> None:
         raise
 
 
+def atomic_folder(out: Path, write) -> None:
+    """Call ``write(tmp_folder)`` then put that folder at ``out``, replacing a folder there;
+    on any error the temporary folder goes and ``out`` keeps what it held."""
+    import shutil
+
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
+    tmp = old = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        write(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        tmp = None
+    except OSError as e:
+        if old is not None and not out.exists():
+            os.replace(old, out)
+        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        for leftover in (tmp, old):
+            if leftover is not None and Path(leftover).exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
 def load(path: str | Path) -> Dataset:
     """Load a dataset file; a clear error for a file that is not one of ours."""
     path = Path(path)
@@ -279,7 +310,12 @@ def load(path: str | Path) -> Dataset:
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None or not set(SCHEMA.names) <= set(table.schema.names):
         raise ValueError(f"{path} is not an fbt-probe dataset (missing metadata or columns)")
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: its metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its metadata must be a JSON object")
     if meta.get("vocab_version") != vocab.VOCAB_VERSION or not isinstance(meta.get("vocab"), list):
         raise ValueError(
             f"{path} uses vocabulary v{meta.get('vocab_version')}, this fbt-probe has "

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -173,10 +178,6 @@ def test_an_out_folder_that_is_a_file_fails_before_the_work(odd_paths, cmd, whic
 
 def test_sigterm_removes_the_partial_file(tmp_path):
     # generate killed while it writes: no hidden temp file stays behind
-    import subprocess
-    import sys
-    import time
-
     out = tmp_path / "big.parquet"
     cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task", "multi_register",
            "--n-groups", "6000", "--out", str(out)]  # fmt: skip
@@ -205,7 +206,9 @@ def _rewrite(path, fn):
     pq.write_table(fn(t), path)
 
 
-@pytest.mark.parametrize("what", ["zero rows", "colon outside", "metadata shape"])
+@pytest.mark.parametrize(
+    "what", ["zero rows", "colon outside", "metadata shape", "metadata JSON", "metadata list"]
+)
 def test_a_broken_dataset_is_refused_with_its_name(tmp_path, model_dir, what):
     import pyarrow as pa
 
@@ -232,8 +235,13 @@ def test_a_broken_dataset_is_refused_with_its_name(tmp_path, model_dir, what):
             m["task"] = ["delayed_memory"]
             return t.replace_schema_metadata({META_KEY: json.dumps(m).encode()})
 
-        _rewrite(data, meta)
-        msg = "no task name"
+        if what == "metadata shape":
+            _rewrite(data, meta)
+            msg = "no task name"
+        else:
+            text = b"{oops" if what == "metadata JSON" else b"[1, 2]"
+            _rewrite(data, lambda t: t.replace_schema_metadata({META_KEY: text}))
+            msg = "not valid JSON" if what == "metadata JSON" else "must be a JSON object"
     out = tmp_path / "res"
     r = CliRunner().invoke(
         app, ["fit", "--model", str(model_dir), "--data", str(data), "--out", str(out)]
@@ -338,3 +346,242 @@ def test_a_failed_figure_write_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left on device"):
         save_figure(fig, tmp_path / "figs", "x")
     assert files_under(tmp_path / "figs") == []
+
+
+# ---- training configuration: checked field by field, before the run folder is made -------
+def test_the_cli_error_boundary(tmp_path, monkeypatch):
+    import fbt_probe.train as T
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(T, "train", broken)
+    out = tmp_path / "z"
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(out)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr.strip().splitlines() == [
+        "error: unexpected ZeroDivisionError: division by zero (a bug or an unusual input; "
+        "FBT_DEBUG=1 shows the traceback)"
+    ]
+    monkeypatch.setenv("FBT_DEBUG", "1")
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(out)])
+    assert isinstance(r.exception, ZeroDivisionError)
+
+
+@pytest.mark.parametrize(
+    "setting,msg",
+    [
+        ("steps=abc", "steps must be an integer, got 'abc'"),
+        ("steps=2.5", "steps must be an integer, got 2.5"),
+        ("steps=true", "steps must be an integer, got True"),
+        ("steps=0", "steps must be >= 1"),
+        ("schedule.0.passes=5", r"schedule\[0\].passes must be a list, got 5"),
+        ("optim.lr=[1", "optim.lr must be a number, got '\\[1'"),
+        ("run.eval_every=0", "eval_every"),
+        ("run.checkpoint_every=0", "checkpoint_every"),
+        ("optim.warmup_steps=-5", "warmup_steps must be >= 0"),
+        ("run.eval_examples=0", "eval_examples"),
+        ("data.count_dist=normal", "count_dist must be one of"),
+        ("fixed_point.exact=yes", "fixed_point.exact must be true or false, got 'yes'"),
+        ("model.n_heads=3", "not divisible by n_heads 3"),
+    ],
+)
+def test_training_settings_are_type_checked_before_anything_is_made(tmp_path, setting, msg):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(out), "--set", setting])
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert r.stderr.startswith("error: ") and re.search(msg, r.stderr), r.stderr
+    assert not out.exists()
+
+
+def test_train_flags_that_cannot_apply_are_refused(tmp_path):
+    fresh = tmp_path / "fresh"
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(fresh), "--resume"])
+    one_line_error(r, f"nothing to resume: {fresh} has no checkpoint")
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--world-size", "4", "--out", str(fresh)])
+    one_line_error(r, "--world-size goes with --dry-run")
+    r = CliRunner().invoke(
+        app, ["train", "-c", "tiny", "--set", "run.seed=-1", "--out", str(fresh)]
+    )
+    one_line_error(r, "run.seed must be >= 0, got -1")
+    assert not fresh.exists()
+
+
+# ---- more option checks, all before any work -------------------------------------------
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["fit", "--prefill", "k1001"], "k<N> (N passes, 1..1000)"),
+        (["intervene", "--task", "delayed_memory", "--prefill", "k5000"], "1..1000"),
+        (["eval", "--n-groups", "100000000"], "--n-groups 100000000 would need about"),
+        (["stability", "--decode-tokens", "10000000"], "--decode-tokens must be in 0..4000"),
+    ],
+)
+def test_sizes_beyond_what_runs_are_refused(tmp_path, model_dir, args, msg):
+    # an unbounded k-pass prefill once kept every pass's logits and was killed for memory
+    out = tmp_path / "out"
+    extra = [] if args[0] == "eval" else ["--out", str(out)]
+    r = CliRunner().invoke(app, [*args, "--model", str(model_dir), *extra])
+    one_line_error(r, msg)
+    assert not out.exists()
+
+
+def test_fit_checks_folds_and_sites_before_it_makes_the_results_folder(tmp_path, model_dir):
+    one = generate_dataset("delayed_memory", tmp_path / "one.parquet", n_groups=3,
+                           distractors=(1, 4), seed=2)  # fmt: skip
+    out = tmp_path / "res"
+    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(one),
+                                 "--out", str(out)])  # fmt: skip
+    one_line_error(r, "--folds 5: the delayed_memory dataset has only 3 groups")
+    data = _dataset(tmp_path)
+    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(data), "-p",
+                                 "standard", "--site", "fusion.hook_state", "--out", str(out)])  # fmt: skip
+    one_line_error(r, "fusion.hook_state fires under none of the prefills standard")
+    assert not out.exists()
+
+
+# ---- Hugging Face model folders ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    from fbt_probe.hf_tiny import model_folder
+
+    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+def _hf_variant(src, dst, broken):
+    import shutil
+
+    shutil.copytree(src, dst)
+    broken(dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "what,msg",
+    [
+        ("weights", "is not a loadable Hugging Face model"),
+        ("fusion weights", "fusion.safetensors cannot be read"),
+        ("fusion config", "fusion_config.json is not valid JSON"),
+        ("half fusion", "has fusion.safetensors but no fusion_config.json"),
+        ("no tokenizer", "has no tokenizer: save one beside the model"),
+    ],
+)
+@pytest.mark.parametrize("cmd", ["eval", "fit", "stability"])
+def test_a_broken_hugging_face_folder_is_refused_with_its_name(hf_folder, tmp_path, what, msg, cmd,
+                                                                monkeypatch):  # fmt: skip
+    from fbt_probe.hf import FORMAT
+
+    fusion_cfg = {"format": FORMAT, "version": 1, "fusion": "gated", "jitter": 0.0,
+                  "norm_eps": 1e-6, "d_model": 32}  # fmt: skip
+
+    def broken(d):
+        if what == "weights":
+            (d / "model.safetensors").write_bytes(b"garbage")
+        if what in ("fusion weights", "half fusion", "fusion config"):
+            (d / "fusion.safetensors").write_bytes(b"x")
+        if what == "fusion weights":
+            (d / "fusion_config.json").write_text(json.dumps(fusion_cfg))
+        if what == "fusion config":
+            (d / "fusion_config.json").write_text("{oops")
+        if what == "no tokenizer":
+            for f in [*d.glob("tokenizer*"), *d.glob("special_tokens*")]:
+                f.unlink()
+
+    folder = _hf_variant(hf_folder, tmp_path / "m", broken)
+    monkeypatch.chdir(tmp_path)  # a dataset generated before the refusal would land in data/
+    before = files_under(tmp_path)
+    args = {"eval": ["eval", "--n-groups", "5", "--task", "delayed_memory"],
+            "fit": ["fit", "--task", "delayed_memory", "--out", "res"],
+            "stability": ["stability", "--passes", "2", "--decode-tokens", "0", "--out", "st"]}[cmd]  # fmt: skip
+    r = CliRunner().invoke(app, [*args, "--model", str(folder)])
+    one_line_error(r, str(folder), msg)
+    assert files_under(tmp_path) == before
+
+
+# ---- failed writes: a full disk, an unwritable folder (injected: root can write anywhere) ---
+def _no_temp_files(folder):
+    return [p for p in files_under(folder) if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+def _full_disk_after(n_bytes):
+    def write(path, *a, **k):
+        Path(path).write_bytes(b"\0" * n_bytes)  # part of it went out, then the disk filled
+        raise OSError(28, "No space left on device")
+
+    return write
+
+
+def test_a_full_disk_while_fit_writes_its_table_leaves_no_partial_file(tmp_path, model_dir,
+                                                                        monkeypatch):  # fmt: skip
+    import pandas as pd
+
+    data = _dataset(tmp_path)
+    monkeypatch.setattr(pd.DataFrame, "to_csv", lambda self, path, **k: _full_disk_after(100)(path))
+    out = tmp_path / "res"
+    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(data), "-p",
+                                 "standard", "--no-controls", "--out", str(out)])  # fmt: skip
+    one_line_error(r, f"cannot write {out / 'probe_results.csv'}: No space left on device")
+    assert not (out / "probe_results.csv").exists() and _no_temp_files(out) == []
+
+
+def test_a_full_disk_at_a_checkpoint_leaves_no_partial_state(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "save", lambda obj, path, *a, **k: _full_disk_after(1000)(path))
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "-c", "tiny", "--set", "steps=2", "--out", str(out)])
+    # the progress lines of the steps run come first; the error is the one line after them
+    err = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert err[-1] == f"error: cannot write {out / 'state.pt'}: No space left on device"
+    assert all(line.startswith("train tiny: ") for line in err[:-1])
+    assert not (out / "state.pt").exists() and _no_temp_files(out) == []
+
+
+def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(hf_folder, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
+    import safetensors.torch
+
+    from fbt_probe.hf import load_hf, save_hf
+
+    m = load_hf(hf_folder)
+    out = save_hf(m, tmp_path / "m")
+    before = {p: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(
+        safetensors.torch, "save_file", lambda sd, path, **k: _full_disk_after(10)(path)
+    )
+    with pytest.raises(OSError, match=f"cannot write {out}: No space left on device"):
+        save_hf(m, out)
+    assert {p: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
+    import tempfile
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    out = tmp_path / "d.parquet"
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
+                                 "--out", str(out)])  # fmt: skip
+    one_line_error(r, f"cannot write {out}: Permission denied")
+    assert files_under(tmp_path) == []
+
+
+# ---- signals ------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path, sig):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", "import cli; cli.main()", "train", "-c", "tiny", "--set",
+           "steps=100000", "--set", "run.checkpoint_every=1", "--out", str(out)]  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (out / "state.pt").exists() and p.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.01)  # until it has checkpointed once: it is mid-run
+    assert p.poll() is None, "the run ended before it started"
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
+    assert "Traceback" not in err and _no_temp_files(out) == []

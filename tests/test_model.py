@@ -174,6 +174,12 @@ def test_position_cache_equals_full_cache_slice(model):
             else:
                 torch.testing.assert_close(small[k][name], full[k][name][b, pos])
     assert small[0]["blocks.0.hook_resid_pre"].shape == (4, 32)
+    # the last pass alone (what a many-pass probe keeps): the same tensors, one cache
+    out, last = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos,
+                                           last_only=True)  # fmt: skip
+    assert len(last) == 1 and len(out.passes) == 1 and set(last[0].keys()) == set(small[2].keys())
+    for name in small[2].keys():
+        assert torch.equal(last[0][name], small[2][name])
     # full recurrence with colon-only caching equals its own states at those positions
     rec, cache = run_recurrence_with_cache(
         model, t, names_filter="ln_final.hook_normalized", positions=pos
