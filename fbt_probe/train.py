@@ -502,8 +502,21 @@ def train(
     running = {}
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     step = start
+    # where this call's wall time goes (metrics.json "seconds"): drawing the batches, the
+    # training steps (forward, backward, AdamW), the quick evals and the checkpoints
+    spent = {"draw": 0.0, "step": 0.0, "eval": 0.0, "checkpoint": 0.0}
+    clock = time.monotonic()
+
+    def lap(part: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        spent[part] += now - clock
+        clock = now
+
     for step in range(start, end):
+        lap("step")  # the loop's own bookkeeping counts with the step
         draw = draw_step(cfg, stream, step)
+        lap("draw")
         passes, warm = draw.passes, draw.warm
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
@@ -546,7 +559,9 @@ def train(
             rec.update({f"pass{k + 1}/{m}": v for k, s in enumerate(stats) for m, v in s.items()})
         # under FSDP every rank takes part in a forward
         if (world.main or fsdp) and ((step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.steps):
+            lap("step")
             rec["eval"] = quick_eval(model, cfg)
+            lap("eval")
         history.append(rec)
         if progress is not None and world.main:
             tps = tokens_seen / max(1e-9, time.monotonic() - tok_t0)
@@ -558,7 +573,9 @@ def train(
             )
             progress(step + 1, cfg.steps, f"{info}  {tps:,.0f} tok/s")
         if (step + 1) % cfg.run.checkpoint_every == 0:
+            lap("step")
             checkpoint(step + 1)
+            lap("checkpoint")
         # every rank stops at the same step: rank 0's clock decides
         if (
             max_minutes
@@ -568,10 +585,13 @@ def train(
         ):
             checkpoint(step + 1)
             break
+    lap("step")
     final_step = history[-1]["step"] if history else start
     full = checkpoint(final_step)
+    lap("checkpoint")
     model.eval()
     final_eval = quick_eval(model, cfg) if world.main or fsdp else {}
+    lap("eval")
     if not world.main:
         world.barrier()  # rank 0 writes the checkpoint, the metrics and the model
         return {"steps_done": final_step, "steps": cfg.steps, "finished": final_step >= cfg.steps,
@@ -592,6 +612,7 @@ def train(
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "wall_seconds_this_call": time.monotonic() - t0,
+        "seconds": {k: round(v, 2) for k, v in spent.items()},
         "max_minutes": max_minutes,
         "world_size": world.size,
         "sharding": "fsdp" if fsdp else "ddp" if world.size > 1 else "none",
