@@ -75,7 +75,7 @@ def user_errors(fn):
 
 
 # reproduce --train keeps the whole job near 20 minutes; the default's 2 300 steps take
-# 18.6 minutes on the 2 CPU cores it was trained on
+# 10.7 minutes on the 2 CPU cores it was trained on, so a machine half as fast still finishes
 REPRODUCE_TRAIN_MINUTES = 19.5
 DEVICE_HELP = "Where to run: cpu, cuda, cuda:N, or auto (cuda when available)."
 
@@ -659,7 +659,7 @@ def reproduce(
     train_first: bool = typer.Option(
         False,
         "--train",
-        help="Retrain the default model first (about 19 minutes on 2 CPU cores; stopped "
+        help="Retrain the default model first (about 11 minutes on 2 CPU cores; stopped "
         f"after {REPRODUCE_TRAIN_MINUTES:g} minutes with a checkpoint on a slower machine).",
     ),
 ) -> None:

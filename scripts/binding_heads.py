@@ -1,0 +1,100 @@
+"""Which attention heads read multi_register's binding, per trained model: at each answer
+position (a register's name after the colon, which predicts its final value), the attention
+weight of every head of pass 1 on the value of that register's last write, on an earlier
+write's value, and on the last write's register name. A model that answers from its own
+pass (standard prefill) needs a head that reads the last write; this shows whether it has one.
+
+    python scripts/binding_heads.py runs/seeds-default/seed-*/model [--passes 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fbt_probe.evaluate import heldout_examples  # noqa: E402
+from fbt_probe.registry import resolve_model  # noqa: E402
+from tasks import vocab  # noqa: E402
+
+
+def examples(n_groups: int, counts: tuple[int, ...], seed: int):
+    """Held-out prompts (the stream eval reads), never trained or probed on."""
+    return heldout_examples("multi_register", n_groups, counts, seed)
+
+
+@torch.no_grad()
+def measure(model, exs, passes: int) -> dict:
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    last = np.zeros((n_layers, n_heads))
+    earlier = np.zeros((n_layers, n_heads))
+    name = np.zeros((n_layers, n_heads))
+    n_reads = n_earlier = 0
+    correct = total = 0
+    names = lambda n: n.endswith("attn.hook_pattern")  # noqa: E731
+    for ex in exs:
+        ids = torch.tensor([vocab.encode(ex.tokens)])
+        out, caches = model.run_with_pass_caches(ids, passes=passes, names_filter=names)
+        pat = [caches[-1][f"blocks.{layer}.attn.hook_pattern"][0] for layer in range(n_layers)]
+        toks, c = ex.tokens, ex.colon_index
+        logits = out.logits[0]
+        for r, off in enumerate(ex.label_offsets):
+            at = c + 1 + off - 1  # the register's name after the colon
+            reg = toks[at]
+            writes = [i for i in range(1, c) if toks[i] == reg and toks[i + 1].startswith("V")]
+            w = writes[-1]
+            correct += int(logits[at].argmax()) == vocab.TOKEN_TO_ID[ex.answer[r]]
+            total += 1
+            n_reads += 1
+            for layer in range(n_layers):
+                last[layer] += pat[layer][:, at, w + 1].double().numpy()
+                name[layer] += pat[layer][:, at, w].double().numpy()
+                if len(writes) > 1:
+                    earlier[layer] += (
+                        pat[layer][:, at, [i + 1 for i in writes[:-1]]].double().sum(-1).numpy()
+                    )
+            n_earlier += len(writes) > 1
+    return {
+        "accuracy": correct / total,
+        "last_value": (last / n_reads).tolist(),
+        "earlier_values": (earlier / max(n_earlier, 1)).tolist(),
+        "last_name": (name / n_reads).tolist(),
+        "reads": n_reads,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+", help="model folders (or 'default')")
+    ap.add_argument("--passes", type=int, default=1, help="Jacobi passes; the last is measured")
+    ap.add_argument("--n-groups", type=int, default=24)
+    ap.add_argument("--counts", default="0,4,16", help="distractor counts")
+    ap.add_argument("--json", type=Path, help="write the numbers here")
+    a = ap.parse_args()
+    exs = examples(a.n_groups, tuple(int(x) for x in a.counts.split(",")), 4321)
+    res = {}
+    print(f"multi_register, pass {a.passes}, {len(exs)} prompts (counts {a.counts})")
+    print(
+        "model | answers | per layer: the head reading the last write's value most (its weight; the same head on earlier writes' values)"
+    )
+    for spec in a.models:
+        m, label = resolve_model(spec)
+        r = measure(m.eval(), exs, a.passes)
+        res[spec] = r
+        cells = []
+        for layer, row in enumerate(r["last_value"]):
+            h = int(np.argmax(row))
+            cells.append(f"L{layer} h{h} {row[h]:.2f} ({r['earlier_values'][layer][h]:.2f})")
+        print(f"{spec} | {r['accuracy']:.3f} | " + "  ".join(cells))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
