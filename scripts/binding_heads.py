@@ -1,8 +1,10 @@
 """Which attention heads read multi_register's binding, per trained model: at each answer
 position (a register's name after the colon, which predicts its final value), the attention
-weight of every head of pass 1 on the value of that register's last write, on an earlier
-write's value, and on the last write's register name. A model that answers from its own
-pass (standard prefill) needs a head that reads the last write; this shows whether it has one.
+weight of every head on the value of that register's last write, on an earlier write's value,
+and on the last write's register name; and at each written value, the weight on the register
+name just before it (a previous-token head, which lets the value's position carry its
+register). A model that answers from its own pass (standard prefill) needs both, as an
+induction circuit does: this shows whether it has them.
 
     python scripts/binding_heads.py runs/seeds-default/seed-*/model [--passes 1] [--json out.json]
 """
@@ -35,7 +37,8 @@ def measure(model, exs, passes: int) -> dict:
     last = np.zeros((n_layers, n_heads))
     earlier = np.zeros((n_layers, n_heads))
     name = np.zeros((n_layers, n_heads))
-    n_reads = n_earlier = 0
+    prev_token = np.zeros((n_layers, n_heads))
+    n_reads = n_earlier = n_values = 0
     correct = total = 0
     names = lambda n: n.endswith("attn.hook_pattern")  # noqa: E731
     for ex in exs:
@@ -44,6 +47,11 @@ def measure(model, exs, passes: int) -> dict:
         pat = [caches[-1][f"blocks.{layer}.attn.hook_pattern"][0] for layer in range(n_layers)]
         toks, c = ex.tokens, ex.colon_index
         logits = out.logits[0]
+        values = [i + 1 for i in range(1, c) if toks[i][:1] == "R" and toks[i + 1][:1] == "V"]
+        for layer in range(n_layers):
+            w = pat[layer][:, values, [v - 1 for v in values]]
+            prev_token[layer] += w.double().sum(-1).numpy()
+        n_values += len(values)
         for r, off in enumerate(ex.label_offsets):
             at = c + 1 + off - 1  # the register's name after the colon
             reg = toks[at]
@@ -65,6 +73,7 @@ def measure(model, exs, passes: int) -> dict:
         "last_value": (last / n_reads).tolist(),
         "earlier_values": (earlier / max(n_earlier, 1)).tolist(),
         "last_name": (name / n_reads).tolist(),
+        "previous_token": (prev_token / max(n_values, 1)).tolist(),
         "reads": n_reads,
     }
 
@@ -81,7 +90,8 @@ def main() -> None:
     res = {}
     print(f"multi_register, pass {a.passes}, {len(exs)} prompts (counts {a.counts})")
     print(
-        "model | answers | per layer: the head reading the last write's value most (its weight; the same head on earlier writes' values)"
+        "model | answers | per layer: the head reading the last write's value most (its weight;"
+        " the same head on earlier writes' values) | per layer: the strongest previous-token head"
     )
     for spec in a.models:
         m, label = resolve_model(spec)
@@ -91,7 +101,9 @@ def main() -> None:
         for layer, row in enumerate(r["last_value"]):
             h = int(np.argmax(row))
             cells.append(f"L{layer} h{h} {row[h]:.2f} ({r['earlier_values'][layer][h]:.2f})")
-        print(f"{spec} | {r['accuracy']:.3f} | " + "  ".join(cells))
+        prev = [f"L{layer} h{int(np.argmax(row))} {max(row):.2f}"
+                for layer, row in enumerate(r["previous_token"])]  # fmt: skip
+        print(f"{spec} | {r['accuracy']:.3f} | " + "  ".join(cells) + " | " + "  ".join(prev))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1) + "\n")
 

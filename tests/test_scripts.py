@@ -76,3 +76,25 @@ def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path):
     assert model.cfg.architecture == "GPT2LMHeadModel" and model.encoding is not None
     again = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
     assert again.returncode == 1 and "exists" in again.stderr
+
+
+def test_binding_heads_finds_the_default_models_lookup_head_and_none_at_random_init():
+    from fbt_probe.registry import random_init_like
+
+    bh = _script("binding_heads")
+    exs, measure = bh.examples(6, (0, 4), 4321), bh.measure
+    m, _ = resolve_model("default")
+    trained = measure(m, exs, passes=1)
+    # the shipped model answers from pass 1 through one head that reads the last write
+    assert trained["accuracy"] >= 0.99 and trained["reads"] == 4 * len(exs)
+    assert max(max(row) for row in trained["last_value"]) >= 0.9
+    assert max(trained["previous_token"][0]) >= 0.9  # its layer-0 previous-token head
+    fresh = measure(random_init_like(m, seed=3), exs, passes=1)
+    assert max(max(row) for row in fresh["last_value"]) < 0.5
+    assert max(max(row) for row in fresh["previous_token"]) < 0.5
+    # attention weights: each head's weights on the last write's value, an earlier write's
+    # values and the last write's name are shares of one softmax row
+    for r in (trained, fresh):
+        for layer in range(m.cfg.n_layers):
+            for h in range(m.cfg.n_heads):
+                assert 0.0 <= r["last_value"][layer][h] + r["last_name"][layer][h] <= 1.0 + 1e-6
