@@ -102,7 +102,11 @@ def generate(
         1234, "--seed", help="Seed; same arguments and seed give the same bytes."
     ),
     out: Path = typer.Option(
-        None, "--out", "-o", help="Output file (default data/<task>.parquet)."
+        None,
+        "--out",
+        "-o",
+        help="Output file (default data/<task>.parquet; data/<task>-twins.parquet with "
+        "--twins, the file intervene reads; -tok-<fingerprint> before .parquet with --tokenizer).",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     twins: bool = typer.Option(
