@@ -71,8 +71,8 @@ def clean_run(
     prev = None
     resid = None
     hooks = []
-    if keep_cache and model.skips_layers:  # each block's input in the last pass, for
-        # patched runs from a depth
+    # each block's input in the last pass, for patched runs from a depth
+    if keep_cache and model.skips_layers:
         resid = emb.new_zeros(model.cfg.n_layers, B, T, emb.shape[-1])
 
         def keep(x, hook, layer):

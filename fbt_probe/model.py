@@ -389,7 +389,9 @@ class FeedbackModel(HookedRootModule):
                 out = out.masked(valid)
             elif valid is not None:
                 out = PassOutput(out.logits, out.states * valid[..., None])
-            outs = [*outs, out] if keep_all else [out]
+            if not keep_all:
+                outs.clear()
+            outs.append(out)
             prev = out.states
         return MultiPassOutput(outs)
 
@@ -424,8 +426,7 @@ class FeedbackModel(HookedRootModule):
         with self.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
             out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths,
                                keep_all=not last_only)  # fmt: skip
-        caches = cap.caches()
-        return out, caches[-1:] if last_only else caches
+        return out, cap.caches()
 
 
 class FBTModel(FeedbackModel):
@@ -538,13 +539,18 @@ class PositionCapture:
             if positions is None
             else (positions[:, None] if self.squeeze else positions).long()
         )
-        self.store: list[dict[str, object]] = [{} for _ in range(n_passes)]
+        # one store per pass; with ``only_pass``, one store, for that pass
+        self.store: list[dict[str, object]] = [
+            {} for _ in range(1 if only_pass is not None else n_passes)
+        ]
 
     def hook(self, tensor: torch.Tensor, hook: HookPoint) -> None:
         name = hook.name
         k = self.model.context["pass"] if self.by_pass else 0
-        if self.only_pass is not None and k != self.only_pass:
-            return
+        if self.only_pass is not None:
+            if k != self.only_pass:
+                return
+            k = 0
         t = tensor.detach()
         pos_dim = 2 if name.endswith("hook_pattern") else 1
         if self.positions is None:

@@ -643,39 +643,13 @@ REPRODUCE_BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 
 # ---- the command ------------------------------------------------------------------------
-def default_twin_path(task: str, encoding=None) -> Path:
-    from tasks.generate import default_path
-
-    return default_path(task, encoding, twins=True)
-
-
 def load_twins(task: str, data: str | Path | None, model=None) -> Dataset:
     """The twin dataset given, or ``data/<task>-twins.parquet`` (generated if absent, with
-    the probe dataset's seed, so its rows are those ``fit`` probes); for a model with a
-    tokenizer of its own, ``data/<task>-twins-tok-<fingerprint>.parquet`` encoded with it.
-    The dataset must be encoded the way ``model`` reads."""
-    from probes.run import check_encoding, require_tokenizer
-    from tasks.dataset import load
-    from tasks.generate import DEFAULT_SEED, generate_dataset
+    the probe dataset's seed, so its rows are those ``fit`` probes; through ``model``'s own
+    tokenizer if it has one): ``probes.run.load_or_generate`` with twins."""
+    from probes.run import load_or_generate
 
-    require_tokenizer(model)
-    encoding = getattr(model, "encoding", None)
-    if data is not None:
-        ds = load(data)
-        if ds.task != task:
-            raise ValueError(f"{data} holds task {ds.task!r}, not {task!r}")
-        if not ds.has_twins:
-            raise ValueError(f"{data} has no twins: generate it with 'fbt-probe generate --twins'")
-        path = Path(data)
-    else:
-        path = default_twin_path(task, encoding)
-        if not path.is_file():
-            tokenizer = None if encoding is None else encoding.source
-            generate_dataset(task, path, seed=DEFAULT_SEED, twins=True, tokenizer=tokenizer)
-        ds = load(path)
-    if model is not None:
-        check_encoding(ds, model, path)
-    return ds
+    return load_or_generate(task, data, model, twins=True)
 
 
 def run_intervene(

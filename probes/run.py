@@ -152,22 +152,27 @@ def cell_data(
     return X, y, g
 
 
-def load_or_generate(task: str, data: str | Path | None, model=None) -> Dataset:
-    """The dataset file given, or the default ``data/<task>.parquet`` (generated if absent);
-    for a model with a tokenizer of its own, ``data/<task>-tok-<fingerprint>.parquet``
-    encoded with it. The dataset must be encoded the way ``model`` reads."""
+def load_or_generate(
+    task: str, data: str | Path | None, model=None, twins: bool = False
+) -> Dataset:
+    """The dataset file given, or the default ``data/<task>.parquet`` (generated if absent,
+    with the probe seed; with ``twins``, ``data/<task>-twins.parquet``, the same rows with
+    their counterfactual twins); for a model with a tokenizer of its own, ``-tok-<fingerprint>``
+    before ``.parquet``, encoded with it. The dataset must be encoded the way ``model`` reads."""
     require_tokenizer(model)
     encoding = getattr(model, "encoding", None)
     if data is not None:
         ds = load(data)
         if ds.task != task:
             raise ValueError(f"{data} holds task {ds.task!r}, not {task!r}")
+        if twins and not ds.has_twins:
+            raise ValueError(f"{data} has no twins: generate it with 'fbt-probe generate --twins'")
         path = Path(data)
     else:
-        path = default_path(task, encoding)
+        path = default_path(task, encoding, twins)
         if not path.is_file():
             tokenizer = None if encoding is None else encoding.source
-            generate_dataset(task, path, seed=DEFAULT_SEED, tokenizer=tokenizer)
+            generate_dataset(task, path, seed=DEFAULT_SEED, twins=twins, tokenizer=tokenizer)
         ds = load(path)
     if model is not None:
         check_encoding(ds, model, path)

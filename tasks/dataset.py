@@ -243,6 +243,14 @@ def check_output_dir(out: Path) -> None:
     _writable_parent(out)
 
 
+def _without_umask(mode: int) -> int:
+    """``mode`` as a plain ``open`` or ``mkdir`` would leave it (mkstemp and mkdtemp make
+    files only their owner can read)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def atomic_write(out: Path, write) -> None:
     """Call ``write(tmp_path)`` then rename onto ``out``; on any error remove the temp file."""
     tmp = None
@@ -253,9 +261,7 @@ def atomic_write(out: Path, write) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         os.close(fd)
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _without_umask(0o666))
         os.replace(tmp, out)
     except OSError as e:
         if tmp is not None:
@@ -279,9 +285,7 @@ def atomic_folder(out: Path, write) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
+        os.chmod(tmp, _without_umask(0o777))
         write(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
