@@ -215,6 +215,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "tiny",
         "paper-1b",
         "upcycle",
+        "single-pass-window",
     }
     for n in recipe_names():
         assert named_config(n).name == n
@@ -357,3 +358,16 @@ def test_training_guide_shows_the_default_schedule_and_a_working_example(tmp_pat
     (tmp_path / "short_lr.toml").write_text(example)
     cfg = load_recipe(str(tmp_path / "short_lr.toml"))
     assert cfg.steps == 1200 and cfg.optim.lr == 1e-3 and plan_of(cfg, 1199).n_max == 128
+
+
+def test_single_pass_window_is_the_default_with_single_pass_batches_until_0_4():
+    spw, d = named_config("single-pass-window"), named_config("default")
+    changes = {"name": "single-pass-window", "schedule.2.passes": [1], "schedule.3.passes": [1]}
+    assert spw == d.with_overrides(changes)
+    for f in (0.05, 0.15, 0.3, 0.399):
+        assert np.asarray(plan_at(spw.schedule, f).passes)[0] == 1.0
+        assert np.asarray(plan_at(d.schedule, f).passes)[0] < 1.0 or f < 0.11
+    mid = np.asarray(plan_at(spw.schedule, 0.42).passes)  # ramping to the default's mix
+    assert 0.15 < mid[0] < 1.0
+    for f in (0.44, 0.6, 0.9):
+        assert np.array_equal(plan_at(spw.schedule, f).passes, plan_at(d.schedule, f).passes)

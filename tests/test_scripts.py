@@ -98,3 +98,44 @@ def test_binding_heads_finds_the_default_models_lookup_head_and_none_at_random_i
         for layer in range(m.cfg.n_layers):
             for h in range(m.cfg.n_heads):
                 assert 0.0 <= r["last_value"][layer][h] + r["last_name"][layer][h] <= 1.0 + 1e-6
+
+
+def test_init_mix_takes_the_named_parameters_from_the_other_seed_and_trains_as_that_seed(
+    tmp_path, capsys
+):
+    import torch
+    from safetensors.torch import load_file
+
+    from fbt_probe.checkpoint import load_model
+    from fbt_probe.train import train
+
+    im = _script("init_mix")
+    mixed, taken = im.mixed_init("tiny", 1, from_seed=0, params=("W_E", "blocks.0.attn."))
+    assert taken == ["W_E"] + [f"blocks.0.attn.W_{x}" for x in "QKVO"]
+    cfg = named_config("tiny")
+    a, b = FBTModel(cfg.model, seed=1).state_dict(), FBTModel(cfg.model, seed=0).state_dict()
+    for n, t in mixed.state_dict().items():
+        assert torch.equal(t, (b if n in taken else a)[n]), n
+    assert not torch.equal(a["W_E"], b["W_E"])  # the seeds differ where it is checked
+
+    # the folder without --from-seed is seed 1's start: training from it is seed 1's run
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--out", str(tmp_path / "init")]) == 0
+    assert torch.equal(load_model(tmp_path / "init").W_E, FBTModel(cfg.model, seed=1).W_E)
+    short = {"steps": 6, "run.seed": 1}
+    train(cfg.with_overrides(short), tmp_path / "plain")
+    train(cfg.with_overrides({**short, "init_from": str(tmp_path / "init")}), tmp_path / "from")
+    plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
+    start = load_file(tmp_path / "from" / "model" / "model.safetensors")
+    assert plain.keys() == start.keys()
+    assert all(torch.equal(plain[k], start[k]) for k in plain)
+
+    # bad input: one line, exit 2, nothing written
+    out = tmp_path / "bad"
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--params", "nope",
+                    "--out", str(out)]) == 2  # fmt: skip
+    assert (
+        capsys.readouterr().err.strip() == "error: --params 'nope' names no parameter of the model"
+    )
+    assert not out.exists()
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--out", str(out)]) == 2
+    assert "needs --params" in capsys.readouterr().err and not out.exists()

@@ -92,8 +92,7 @@ def load_recipe(spec: str, seen: tuple[str, ...] = ()) -> TrainConfig:
 
 
 def named_config(name: str) -> TrainConfig:
-    """A built-in recipe: ``default``, ``D``, ``paper``, ``no-three-pass``, ``additive``,
-    ``three-tasks`` or ``tiny``."""
+    """A built-in recipe by name (one of ``recipe_names()``)."""
     if not (RECIPE_DIR / f"{name}.toml").is_file() or "/" in name:
         raise ValueError(f"unknown config {name!r}; choose from {', '.join(recipe_names())}")
     return load_recipe(name)
