@@ -3,8 +3,9 @@ table per seed and pooled, and a figure (``fbt-probe train --seeds 0-4``).
 
 Per seed: held-out answer accuracy (``fbt-probe eval``: each task x standard / soft / fused /
 full, pooled over counts 1..256; multi_register also per register) and the layer-0 probe at
-the colon for each prefill (``fbt-probe fit``'s protocol, without controls). Pooled: the mean,
-the minimum and how many seeds meet each target.
+the colon for each prefill (``fbt-probe fit``'s protocol, without controls), with its
+bootstrap interval (in ``seed_rows.json`` and the markdown table's seed cells). Pooled: the
+mean, the minimum and how many seeds meet each target.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
     """Eval accuracy and the layer-0 probe of one finished run folder."""
     from fbt_probe.evaluate import evaluate
     from fbt_probe.registry import resolve_model
-    from probes.results import layer0_table
     from probes.run import run_fit
     from tasks import task_names
     from tasks.generate import generate_dataset
@@ -64,10 +64,37 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
         data[t] = path
     df = run_fit(model, name, tasks, PREFILLS, data, run / "probe", controls=False,
                  per_count=False, cache_dir=run.parent / ".cache", progress=progress)  # fmt: skip
-    for r in layer0_table(df).itertuples():
-        row[f"probe/{r.task}/{r.target}/{r.prefill}"] = r.accuracy
-        row[f"chance/{r.task}/{r.target}/{r.prefill}"] = r.chance
+    row.update(probe_entries(df))
     return row
+
+
+# kept beside a row's numbers, not tabulated as measures of their own
+SIDE = ("chance/", "ci_low/", "ci_high/")
+
+
+def probe_entries(df: pd.DataFrame) -> dict:
+    """The layer-0 probe entries of a seed's row from ``fit``'s results: accuracy, chance and
+    the accuracy's interval per task x target x prefill."""
+    from probes.results import layer0_table
+
+    out = {}
+    for r in layer0_table(df).itertuples():
+        key = f"{r.task}/{r.target}/{r.prefill}"
+        out[f"probe/{key}"] = r.accuracy
+        out[f"chance/{key}"] = r.chance
+        out[f"ci_low/{key}"] = r.ci_low
+        out[f"ci_high/{key}"] = r.ci_high
+    return out
+
+
+def with_intervals(row: dict, run: Path) -> dict:
+    """A cached row measured before rows kept the probe's interval: read it from the fit
+    results the row was measured with (``run/probe/probe_results.csv``)."""
+    results = run / "probe" / "probe_results.csv"
+    if any(k.startswith("ci_low/") for k in row) or not results.is_file():
+        return row
+    found = probe_entries(pd.read_csv(results))  # the CSV's 6 digits: only intervals taken
+    return {**row, **{k: v for k, v in found.items() if k.startswith(("ci_low/", "ci_high/"))}}
 
 
 def meets(row: dict) -> dict[str, bool]:
@@ -92,7 +119,7 @@ def meets(row: dict) -> dict[str, bool]:
 def seed_table(rows: dict[int, dict]) -> pd.DataFrame:
     """One row per seed, then mean, min and the number of seeds meeting each target."""
     df = pd.DataFrame.from_dict(rows, orient="index").sort_index()
-    df = df[[c for c in df.columns if not c.startswith("chance/")]]
+    df = df[[c for c in df.columns if not c.startswith(SIDE)]]
     hits = pd.DataFrame({s: meets(r) for s, r in rows.items()}).T.sort_index()
     out = pd.concat([df, hits], axis=1)
     out.index = [f"seed {s}" for s in out.index]
@@ -102,8 +129,23 @@ def seed_table(rows: dict[int, dict]) -> pd.DataFrame:
     return pd.concat([out, summary, count])
 
 
+def with_interval_cells(table: pd.DataFrame, rows: dict[int, dict]) -> pd.DataFrame:
+    """``seed_table`` with each seed's probe cells as text, "0.981 [0.971, 0.990]" (the
+    probe's interval, where its row has one): for the markdown table."""
+    out = table.astype(object)
+    for s, r in rows.items():
+        for col in out.columns:
+            lo, hi = (
+                r.get(col.replace("probe/", "ci_low/", 1)),
+                r.get(col.replace("probe/", "ci_high/", 1)),
+            )
+            if col.startswith("probe/") and lo is not None and hi is not None:
+                out.loc[f"seed {s}", col] = f"{r[col]:.3f} [{lo:.3f}, {hi:.3f}]"
+    return out
+
+
 def markdown(df: pd.DataFrame) -> str:
-    """A DataFrame as a markdown table (numbers to 3 decimals)."""
+    """A DataFrame as a markdown table (numbers to 3 decimals; text as it is)."""
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| | " + " | ".join(map(str, df.columns)) + " |", "|---" * (len(df.columns) + 1) + "|"]
     lines += [
@@ -122,7 +164,7 @@ def plot_seeds(rows: dict[int, dict], out: Path) -> Path:
     from probes.plot import save_figure
 
     df = pd.DataFrame.from_dict(rows, orient="index").sort_index()
-    cols = [c for c in df.columns if not c.startswith("chance/")]
+    cols = [c for c in df.columns if not c.startswith(SIDE)]
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(cols)), 4))
     x = np.arange(len(cols))
     for j, (seed, r) in enumerate(df[cols].iterrows()):
@@ -156,14 +198,15 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
             train_fn(scfg, run, (run / "state.pt").is_file())
         cached = run / "seed_row.json"
         if cached.is_file():
-            rows[s] = json.loads(cached.read_text())
+            rows[s] = with_intervals(json.loads(cached.read_text()), run)
         else:
             with bars(f"measure seed {s}") if bars else nullcontext() as bar:
                 rows[s] = seed_row(run, eval_groups, probe_groups, bar)
             atomic_write(cached, lambda tmp, r=rows[s]: Path(tmp).write_text(json.dumps(r)))
     table = seed_table(rows)
     atomic_write(out / "seed_table.csv", lambda tmp: table.to_csv(tmp, float_format="%.4g"))
-    atomic_write(out / "seed_table.md", lambda tmp: Path(tmp).write_text(markdown(table.T)))
+    md = markdown(with_interval_cells(table, rows).T)
+    atomic_write(out / "seed_table.md", lambda tmp: Path(tmp).write_text(md))
     atomic_write(out / "seed_rows.json",
                  lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))  # fmt: skip
     plot_seeds(rows, out)

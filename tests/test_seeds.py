@@ -43,10 +43,36 @@ def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
     assert csv.loc["mean", col] == pytest.approx((rows["0"][col] + rows["1"][col]) / 2, abs=1e-4)
     assert csv.loc["min", col] == pytest.approx(min(rows["0"][col], rows["1"][col]), abs=1e-4)
     assert (tmp_path / "seeds.png").stat().st_size > 0 and (tmp_path / "seed_table.md").is_file()
-    # a second call trains nothing and reads the cached rows
+    # every probe entry keeps its interval beside it; the markdown shows it in the seed's cell
+    probes = [k for k in rows["0"] if k.startswith("probe/")]
+    assert probes
+    for s in ("0", "1"):
+        for k in probes:
+            lo, hi = (
+                rows[s][k.replace("probe/", "ci_low/")],
+                rows[s][k.replace("probe/", "ci_high/")],
+            )
+            assert lo <= rows[s][k] <= hi
+    assert not [c for c in csv.columns if c.startswith(("ci_low/", "ci_high/", "chance/"))]
+    k = probes[0]
+    lo, hi = (rows["1"][k.replace("probe/", f"ci_{e}/")] for e in ("low", "high"))
+    md = (tmp_path / "seed_table.md").read_text()
+    line = next(line for line in md.splitlines() if line.startswith(f"| {k} |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]  # measure, seed 0, seed 1, mean, ...
+    assert cells[2] == f"{rows['1'][k]:.3f} [{lo:.3f}, {hi:.3f}]"
+    # a second call trains nothing and reads the cached rows; a row cached without intervals
+    # gets them from the fit results it was measured with
     calls.clear()
+    cached = tmp_path / "seed-1" / "seed_row.json"
+    old = json.loads(cached.read_text())
+    cached.write_text(json.dumps({k: v for k, v in old.items() if not k.startswith("ci_")}))
     run_seed_study(cfg, [0, 1], tmp_path, one, eval_groups=5, probe_groups=6)
     assert calls == []
+    again = json.loads((tmp_path / "seed_rows.json").read_text())
+    assert again.keys() == rows.keys() and again["0"] == rows["0"]
+    assert again["1"].keys() == rows["1"].keys()
+    for k, v in rows["1"].items():  # intervals read back from the CSV (6 digits)
+        assert again["1"][k] == (pytest.approx(v, abs=1e-5) if k.startswith("ci_") else v)
 
 
 def test_targets_read_from_a_row():
