@@ -11,11 +11,16 @@ Also the cost of a fixed-point step (the default's fixed-point batches: warm sta
 exact sequential recurrence without gradient, then ``fixed_point.passes`` passes with
 gradient) on the same batch, relative to a plain step of as many passes.
 
+And the run's fixed-point steps as a whole: every 8th of them timed with its own batch, how
+much of the run they and their exact warm states (one token at a time) take, and the warm
+states computed as one recurrence over the step's whole batch instead of one per length
+bucket (fewer sequential token steps; checked for bitwise equality).
+
 And the throughput of the same training under torch.distributed: 2 gloo processes of one
 thread each against one process of 2 threads, the first 200 steps of the default recipe, the
 same global batches (on 2 cores no speed-up is expected: the processes share them).
 
-Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints three tables, writes
+Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints five tables, writes
 bench/train.json)
 """
 
@@ -119,6 +124,53 @@ def representative_steps(cfg, model, opt) -> dict:
             "passes": [d.passes for d in draws], "seconds": secs["buckets"],
             "seconds_one_batch": secs["one_batch"], "useful_flops": flops, "real_tokens": real,
             "padded_tokens": padded(cfg), "padded_tokens_one_batch": padded(variants["one_batch"])}  # fmt: skip
+
+
+FP_EVERY = 8  # every 8th fixed-point step of the default schedule is timed
+
+
+def warm_up_share(cfg, model) -> dict:
+    """How much of a whole run the fixed-point steps and their warm states take: every
+    FP_EVERY-th fixed-point step of the schedule (its own batch and parts), timed whole
+    (``train_step``), its warm states as trained (one exact recurrence per length bucket),
+    and the same warm states as one recurrence over the step's whole batch (a candidate:
+    fewer sequential token steps), scaled to the run's fixed-point steps. Whether the merged
+    states equal the per-bucket ones bit for bit is checked (if not, adopting it would change
+    every trained model)."""
+    import time
+
+    from fbt_probe.distributed import World
+    from fbt_probe.train import draw_step, example_lengths, step_parts, train_step
+
+    stream = cfg.stream()
+    fp = [s for s in range(cfg.steps) if draw_step(cfg, stream, s).warm]
+    secs = {"step": 0.0, "warm": 0.0, "merged": 0.0}
+    bitwise = True
+    for s in fp[::FP_EVERY]:
+        d = draw_step(cfg, stream, s)
+        lens = example_lengths(d.examples, None)
+        parts = step_parts(len(lens), lens, cfg, World())
+        t0 = time.perf_counter()
+        per_part = [warm_states(model, make_batch([d.examples[i] for i in idx]), d.warm, True)
+                    for idx in parts]  # fmt: skip
+        t1 = time.perf_counter()
+        merged = warm_states(model, make_batch(d.examples), d.warm, True)
+        t2 = time.perf_counter()
+        model.zero_grad()
+        train_step(model, model, d, cfg, World(), torch.device("cpu"))
+        t3 = time.perf_counter()
+        secs["warm"] += t1 - t0
+        secs["merged"] += t2 - t1
+        secs["step"] += t3 - t2
+        for idx, st in zip(parts, per_part, strict=True):
+            bitwise &= torch.equal(st, merged[idx][:, : st.shape[1]])
+    k = len(fp) / len(fp[::FP_EVERY])
+    return {"fixed_point_steps": len(fp), "timed": len(fp[::FP_EVERY]),
+            "fixed_point_steps_s": round(secs["step"] * k, 1),
+            "warm_states_s": round(secs["warm"] * k, 1),
+            "merged_warm_states_s": round(secs["merged"] * k, 1),
+            "merged_speedup_of_warm_states": round(secs["warm"] / secs["merged"], 3),
+            "merged_bitwise": bool(bitwise)}  # fmt: skip
 
 
 def _train_part(world, out: str) -> None:
@@ -246,6 +298,12 @@ def main() -> None:
         "batches, passes and fixed-point draws), FLOPs on real tokens only"
     )
     print(table(srows, list(srows[0])))
+    warm = warm_up_share(cfg, model)
+    print(
+        f"\nthe run's fixed-point steps (every {FP_EVERY}th timed, scaled to all), and their "
+        "exact warm states: per length bucket (the recipe) and as one recurrence per step"
+    )
+    print(table([warm], list(warm)))
     dist_rows = [] if args.skip_distributed else distributed_throughput()
     if dist_rows:
         print(
@@ -258,6 +316,7 @@ def main() -> None:
             "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
             "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
             "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow}, "layouts": srows,
+            "fixed_point_run": warm,
         },
     )  # fmt: skip
     print(f"\nwrote {path}")
