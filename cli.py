@@ -611,10 +611,10 @@ def intervene(
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction
         from probes.extract import extract_cached
-        from probes.intervene import load_twins
+        from probes.run import load_or_generate
 
         for t in task_list:
-            ds = load_twins(t, (data_map or {}).get(t), m)
+            ds = load_or_generate(t, (data_map or {}).get(t), m, twins=True)
             for p in prefills:
                 extract_cached(m, ds, p)
         world.barrier()

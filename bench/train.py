@@ -140,10 +140,16 @@ def warm_up_share(cfg, model) -> dict:
     import time
 
     from fbt_probe.distributed import World
-    from fbt_probe.train import draw_step, example_lengths, step_parts, train_step
+    from fbt_probe.train import (
+        draw_step,
+        example_lengths,
+        fixed_point_draw,
+        step_parts,
+        train_step,
+    )
 
-    stream = cfg.stream()
-    fp = [s for s in range(cfg.steps) if draw_step(cfg, stream, s).warm]
+    stream = cfg.stream()  # which steps are fixed-point ones, without drawing their examples
+    fp = [s for s in range(cfg.steps) if fixed_point_draw(cfg, s, plan_of(cfg, s).fixed_point)]
     secs = {"step": 0.0, "warm": 0.0, "merged": 0.0}
     bitwise = True
     for s in fp[::FP_EVERY]:

@@ -643,15 +643,6 @@ REPRODUCE_BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 
 # ---- the command ------------------------------------------------------------------------
-def load_twins(task: str, data: str | Path | None, model=None) -> Dataset:
-    """The twin dataset given, or ``data/<task>-twins.parquet`` (generated if absent, with
-    the probe dataset's seed, so its rows are those ``fit`` probes; through ``model``'s own
-    tokenizer if it has one): ``probes.run.load_or_generate`` with twins."""
-    from probes.run import load_or_generate
-
-    return load_or_generate(task, data, model, twins=True)
-
-
 def run_intervene(
     model: FeedbackModel,
     model_name: str,
@@ -667,7 +658,7 @@ def run_intervene(
     """The battery for every (task, prefill) of ``plan``; writes ``interventions.csv`` and
     ``interventions.json`` (what was run, on what, and how long it took)."""
     from probes.artifacts import load_probes
-    from probes.run import versions
+    from probes.run import load_or_generate, versions
     from tasks.dataset import atomic_write
 
     for _, p in plan:
@@ -683,7 +674,7 @@ def run_intervene(
     loaded = {}
     for task, prefill in plan:
         if task not in loaded:
-            loaded[task] = load_twins(task, (data or {}).get(task), model)
+            loaded[task] = load_or_generate(task, (data or {}).get(task), model, twins=True)
         ds = loaded[task]
         rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
                                        cache_dir=cache_dir, probes=probes, progress=progress)  # fmt: skip

@@ -134,12 +134,9 @@ def with_interval_cells(table: pd.DataFrame, rows: dict[int, dict]) -> pd.DataFr
     probe's interval, where its row has one): for the markdown table."""
     out = table.astype(object)
     for s, r in rows.items():
-        for col in out.columns:
-            lo, hi = (
-                r.get(col.replace("probe/", "ci_low/", 1)),
-                r.get(col.replace("probe/", "ci_high/", 1)),
-            )
-            if col.startswith("probe/") and lo is not None and hi is not None:
+        for col in (c for c in out.columns if c.startswith("probe/")):
+            lo, hi = (r.get(col.replace("probe/", f"ci_{e}/", 1)) for e in ("low", "high"))
+            if lo is not None and hi is not None:
                 out.loc[f"seed {s}", col] = f"{r[col]:.3f} [{lo:.3f}, {hi:.3f}]"
     return out
 
