@@ -16,11 +16,19 @@ much of the run they and their exact warm states (one token at a time) take, and
 states computed as one recurrence over the step's whole batch instead of one per length
 bucket (fewer sequential token steps; checked for bitwise equality).
 
+And the ceiling this model's shapes allow: every matmul of the sample's gradient passes (each
+length bucket's own shape; forward, input-gradient and weight-gradient products) and their
+causal attention (16 heads of 8), each timed alone on random tensors, with no norms, no
+elementwise work, no Python between them: the fraction of the matmul peak those operations
+reach at best, and what that leaves for the useful (real-token) rate; scaled to a whole run
+with its warm states (the table before) kept as they are, the most the run could speed up.
+
 And the throughput of the same training under torch.distributed: 2 gloo processes of one
 thread each against one process of 2 threads, the first 200 steps of the default recipe, the
 same global batches (on 2 cores no speed-up is expected: the processes share them).
 
-Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints five tables, writes
+Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints six tables and a
+whole-run bound, writes
 bench/train.json)
 """
 
@@ -56,7 +64,7 @@ DIST_STEPS = 200
 SAMPLE_STEPS = 20  # training steps drawn evenly across the default schedule
 
 
-def useful_flops(cfg, examples, passes: int, warm: int, exact: bool) -> float:
+def useful_flops(cfg, examples, passes: int, warm: int, exact: bool, grad_only=False) -> float:
     """FLOPs of one training step on its real tokens only (no padding): every pass with
     gradient 3 x its forward; the warm states of a fixed-point step are forward only (the
     exact recurrence runs each token once, a Jacobi warm-up ``warm`` times). A forward pass
@@ -74,7 +82,7 @@ def useful_flops(cfg, examples, passes: int, warm: int, exact: bool) -> float:
 
     grad_passes = sum(3 * forward(feedback=warm > 0 or k > 0) for k in range(passes))
     warm_passes = 0.0
-    if warm:
+    if warm and not grad_only:
         warm_passes = forward(feedback=True) if exact else warm * forward(feedback=True)
     return grad_passes + warm_passes
 
@@ -110,6 +118,7 @@ def representative_steps(cfg, model, opt) -> dict:
     flops = sum(
         useful_flops(cfg, d.examples, d.passes, d.warm, cfg.fixed_point.exact) for d in draws
     )
+    grad = sum(useful_flops(cfg, d.examples, d.passes, d.warm, True, grad_only=True) for d in draws)
     real = sum(len(ex.tokens) for d in draws for ex in d.examples)
 
     def padded(c):
@@ -120,10 +129,85 @@ def representative_steps(cfg, model, opt) -> dict:
                 total += len(p) * max(lens[i] for i in p)
         return total
 
+    shapes = []  # (rows, padded length, passes with gradient, of them feedback passes)
+    warm_s = 0.0  # the fixed-point steps' warm states, as train_step computes them
+    for d in draws:
+        lens = [len(ex.tokens) for ex in d.examples]
+        for p in step_parts(len(lens), lens, cfg, World()):
+            shapes.append((len(p), max(lens[i] for i in p), d.passes,
+                           d.passes if d.warm else d.passes - 1))  # fmt: skip
+            if d.warm:
+                mb = make_batch([d.examples[i] for i in p])
+                t0 = time.perf_counter()
+                warm_states(model, mb, d.warm, cfg.fixed_point.exact)
+                warm_s += time.perf_counter() - t0
+
     return {"steps": picks, "fixed_point_steps": sum(d.warm > 0 for d in draws),
             "passes": [d.passes for d in draws], "seconds": secs["buckets"],
-            "seconds_one_batch": secs["one_batch"], "useful_flops": flops, "real_tokens": real,
-            "padded_tokens": padded(cfg), "padded_tokens_one_batch": padded(variants["one_batch"])}  # fmt: skip
+            "seconds_one_batch": secs["one_batch"], "useful_flops": flops, "useful_grad_flops": grad, "real_tokens": real,
+            "padded_tokens": padded(cfg), "padded_tokens_one_batch": padded(variants["one_batch"]),
+            "warm_states_s": warm_s, "shapes": shapes}  # fmt: skip
+
+
+def shape_ceiling(cfg, sample: dict, peak: float) -> dict:
+    """The best rate the gradient passes' own operations reach, each timed alone: per length
+    bucket of the sampled steps, every matmul (forward X·W, input gradient dY·Wᵀ, weight
+    gradient Xᵀ·dY) of the blocks, the unembedding and (in feedback passes) the fusion, and the
+    causal attention forward and backward. FLOPs of those padded shapes over the summed best
+    times, against ``peak``; ``useful_grad_flops`` (the same passes on real tokens) over the
+    same times is the most the useful rate of these passes could be with every other cost
+    (norms, elementwise, allocation, Python, the optimizer) removed; the sample's seconds over
+    those times plus its warm states' own is the most the wall time could fall by that."""
+    import torch.nn.functional as F
+
+    from bench.common import best_of
+
+    m = cfg.model
+    D, Fm, V, L, H = m.d_model, m.d_mlp, m.d_vocab, m.n_layers, m.n_heads
+    block = [(D, D)] * 4 + [(D, Fm), (Fm, D)]  # Q, K, V, O, MLP in, MLP out
+    fusion = [(D, D)] * (2 if m.fusion == "gated" else 1 if m.fusion == "additive" else 0)
+    cache: dict = {}
+
+    def mm_time(n, i, o):  # forward, input-gradient and weight-gradient matmuls
+        key = ("mm", n, i, o)
+        if key not in cache:  # weights stored (out, in) as the model's, used as x @ W.T
+            x, w, dy = torch.randn(n, i), torch.randn(o, i), torch.randn(n, o)
+            cache[key] = sum(best_of(f, repeats=3) for f in (
+                lambda: x @ w.T, lambda: dy @ w, lambda: dy.T @ x))  # fmt: skip
+        return cache[key]
+
+    def attn_time(b, t):  # forward and backward of the causal attention of one layer
+        key = ("attn", b, t)
+        if key not in cache:
+            q, k, v = (torch.randn(b, H, t, D // H, requires_grad=True) for _ in range(3))
+            g = torch.randn(b, H, t, D // H)
+
+            def fb():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+            cache[key] = best_of(fb, repeats=3)
+        return cache[key]
+
+    mm_s = attn_s = mm_flops = attn_flops = 0.0
+    for b, t, passes, feedback in sample["shapes"]:
+        n = b * t
+        mm_s += passes * (L * sum(mm_time(n, i, o) for i, o in block) + mm_time(n, D, V))
+        mm_s += feedback * sum(mm_time(n, i, o) for i, o in fusion)
+        attn_s += passes * L * attn_time(b, t)
+        per_token = 2 * (L * sum(i * o for i, o in block) + D * V)
+        mm_flops += 3 * n * (passes * per_token + feedback * 2 * sum(i * o for i, o in fusion))
+        attn_flops += 3 * passes * 2 * 2 * L * D * t * (t + 1) / 2 * b
+    secs = mm_s + attn_s
+    return {
+        "buckets": len(sample["shapes"]), "sample_s": round(sample["seconds"], 2),
+        "warm_states_s": round(sample["warm_states_s"], 2), "ops_alone_s": round(secs, 2),
+        "attention_share_of_time": round(attn_s / secs, 3),
+        "matmuls_fraction_of_peak": round(mm_flops / mm_s / peak, 3),
+        "attention_fraction_of_peak": round(attn_flops / attn_s / peak, 3),
+        "ops_alone_fraction_of_peak": round((mm_flops + attn_flops) / secs / peak, 3),
+        "useful_ceiling_fraction_of_peak": round(sample["useful_grad_flops"] / secs / peak, 3),
+        "wall_speedup_bound": round(sample["seconds"] / (secs + sample["warm_states_s"]), 3),
+    }  # fmt: skip
 
 
 FP_EVERY = 8  # every 8th fixed-point step of the default schedule is timed
@@ -177,6 +261,18 @@ def warm_up_share(cfg, model) -> dict:
             "merged_warm_states_s": round(secs["merged"] * k, 1),
             "merged_speedup_of_warm_states": round(secs["warm"] / secs["merged"], 3),
             "merged_bitwise": bool(bitwise)}  # fmt: skip
+
+
+def run_bound(cfg, ceiling: dict, warm: dict) -> dict:
+    """The sample's bound scaled to a whole run: its steps without warm states (evenly drawn,
+    so their mean stands for every step) times ``cfg.steps``, plus the run's exact warm
+    states (``warm_up_share``). With the gradient passes shrunk to their operations alone and
+    the warm states kept as they are, the run can be at most this much faster."""
+    rest = (ceiling["sample_s"] - ceiling["warm_states_s"]) / SAMPLE_STEPS * cfg.steps
+    shrink = (ceiling["sample_s"] - ceiling["warm_states_s"]) / ceiling["ops_alone_s"]
+    run = rest + warm["warm_states_s"]
+    return {"run_estimate_s": round(run), "run_wall_speedup_bound": round(
+        run / (rest / shrink + warm["warm_states_s"]), 3)}  # fmt: skip
 
 
 def _train_part(world, out: str) -> None:
@@ -304,7 +400,21 @@ def main() -> None:
         "batches, passes and fixed-point draws), FLOPs on real tokens only"
     )
     print(table(srows, list(srows[0])))
+    ceiling = shape_ceiling(cfg, sample, peak)
+    del sample["shapes"]
+    ceiling["sample_useful_fraction_of_peak"] = srow["useful_fraction_of_peak"]
+    print(
+        "\nthe same steps' gradient passes, each matmul and attention of their buckets timed "
+        "alone: the most of the peak these shapes reach"
+    )
+    print(table([ceiling], list(ceiling)))
     warm = warm_up_share(cfg, model)
+    ceiling.update(run_bound(cfg, ceiling, warm))
+    print(
+        f"\nwhole run, estimated: {ceiling['run_estimate_s']} s of steps; with every cost "
+        f"but the gradient passes' matmuls and attention removed (the warm states kept): at "
+        f"most {ceiling['run_wall_speedup_bound']}x faster"
+    )
     print(
         f"\nthe run's fixed-point steps (every {FP_EVERY}th timed, scaled to all), and their "
         "exact warm states: per length bucket (the recipe) and as one recurrence per step"
@@ -322,7 +432,7 @@ def main() -> None:
             "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
             "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
             "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow}, "layouts": srows,
-            "fixed_point_run": warm,
+            "fixed_point_run": warm, "shape_ceiling": ceiling,
         },
     )  # fmt: skip
     print(f"\nwrote {path}")

@@ -138,4 +138,37 @@ def test_init_mix_takes_the_named_parameters_from_the_other_seed_and_trains_as_t
     )
     assert not out.exists()
     assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--out", str(out)]) == 2
-    assert "needs --params" in capsys.readouterr().err and not out.exists()
+    assert "needs --params or --tokens" in capsys.readouterr().err and not out.exists()
+
+
+def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys):
+    import torch
+
+    from fbt_probe.checkpoint import load_model
+    from tasks import vocab
+
+    im = _script("init_mix")
+    regs = [vocab.TOKEN_TO_ID[r] for r in vocab.REGISTERS]
+    assert im.token_rows("registers,V0") == sorted(regs + [vocab.TOKEN_TO_ID["V0"]])
+    rest = im.token_rows("not:registers,V0")
+    assert len(rest) == vocab.VOCAB_SIZE - 9 and not set(rest) & set(regs)
+    out = tmp_path / "mix"
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens",
+                    "registers", "--out", str(out)]) == 0  # fmt: skip
+    cfg = named_config("tiny")
+    a, b = FBTModel(cfg.model, seed=1), FBTModel(cfg.model, seed=0)
+    got = load_model(out)
+    for i in range(vocab.VOCAB_SIZE):
+        assert torch.equal(got.W_E[i], (b if i in regs else a).W_E[i]), vocab.TOKENS[i]
+    for n, t in got.state_dict().items():  # nothing else is taken over
+        if n != "W_E":
+            assert torch.equal(t, a.state_dict()[n]), n
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens", "RZ",
+                    "--out", str(bad)]) == 2  # fmt: skip
+    assert capsys.readouterr().err.startswith("error: --tokens 'RZ' is neither a token nor a group")
+    assert not bad.exists()
+    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens", "RA",
+                    "--params", "W_E", "--out", str(bad)]) == 2  # fmt: skip
+    assert "not both" in capsys.readouterr().err and not bad.exists()
