@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ from fbt_probe.checkpoint import model_hash
 from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence_with_cache
 from tasks import get_task, vocab
-from tasks.dataset import Dataset
+from tasks.dataset import Dataset, atomic_write
 
 PREFILLS = ("standard", "recurrent", "full")
 DEFAULT_CACHE = Path(".cache") / "extract"
@@ -236,24 +234,13 @@ def extract_cached(
     feats = extract_features(model, ds, prefill, progress=progress, site=site)
     if _world()[0] != 0:
         return feats, False  # under torchrun rank 0 writes the cache entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
-    os.close(fd)
-    try:
+
+    def save(tmp):
         with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to a name
             np.save(f, feats)
-        os.replace(tmp, path)
-        path.with_suffix(".json").write_text(
-            json.dumps(
-                {
-                    "model_hash": mhash,
-                    "dataset_hash": ds.content_hash,
-                    "prefill": prefill,
-                    "site": site,
-                    "task": ds.task,
-                }
-            )
-        )
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+
+    atomic_write(path, save)
+    meta = {"model_hash": mhash, "dataset_hash": ds.content_hash, "prefill": prefill,
+            "site": site, "task": ds.task}  # fmt: skip
+    atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(meta)))
     return feats, False

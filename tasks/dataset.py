@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,6 +251,20 @@ def _without_umask(mode: int) -> int:
     return mode & ~umask
 
 
+def _temp_names(out: Path):
+    """Names for a temporary file or folder next to ``out``, to be created by the caller
+    after the name is bound: a Ctrl-C that lands while the file is being created (mkstemp
+    and mkdtemp return its name only after) still leaves the name to the clean-up."""
+    for _ in range(100):
+        yield str(out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp")
+    raise FileExistsError(f"cannot make a temporary name next to {out}")
+
+
+def _create_file(path: str) -> None:
+    """Create ``path`` empty, only if nothing is there (as mkstemp does)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def atomic_write(out: Path, write) -> None:
     """Call ``write(tmp_path)`` then rename onto ``out``; on any error remove the temp file."""
     tmp = None
@@ -258,8 +272,12 @@ def atomic_write(out: Path, write) -> None:
         raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        os.close(fd)
+        for tmp in _temp_names(out):  # named before it exists: see _temp_names
+            try:
+                _create_file(tmp)
+                break
+            except FileExistsError:
+                tmp = None
         write(tmp)
         os.chmod(tmp, _without_umask(0o666))
         os.replace(tmp, out)
@@ -284,7 +302,13 @@ def atomic_folder(out: Path, write) -> None:
     tmp = old = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        for name in _temp_names(out):
+            tmp = Path(name)  # bound before the folder exists
+            try:
+                os.mkdir(tmp, 0o700)
+                break
+            except FileExistsError:
+                tmp = None
         os.chmod(tmp, _without_umask(0o777))
         write(tmp)
         if out.exists():
@@ -293,10 +317,11 @@ def atomic_folder(out: Path, write) -> None:
         os.replace(tmp, out)
         tmp = None
     except OSError as e:
-        if old is not None and not out.exists():
-            os.replace(old, out)
         raise OSError(f"cannot write {out}: {e.strerror or e}") from None
     finally:
+        # an error or a Ctrl-C between the two replaces: ``out`` gets back what it held
+        if old is not None and Path(old).exists() and not out.exists():
+            os.replace(old, out)
         for leftover in (tmp, old):
             if leftover is not None and Path(leftover).exists():
                 shutil.rmtree(leftover, ignore_errors=True)

@@ -557,12 +557,13 @@ def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(hf
 
 
 def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
-    import tempfile
+    import tasks.dataset
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    # as root a folder's mode does not stop a write: the creation of the temp file is denied
+    monkeypatch.setattr(tasks.dataset, "_create_file", denied)
     out = tmp_path / "d.parquet"
     r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
                                  "--out", str(out)])  # fmt: skip
@@ -571,6 +572,45 @@ def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
 
 
 # ---- signals ------------------------------------------------------------------------------
+def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch):
+    import tasks.dataset as D
+
+    real = D._create_file
+
+    def created_then_interrupted(path):  # the signal lands once the file exists
+        real(path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(D, "_create_file", created_then_interrupted)
+    out = tmp_path / "state.pt"
+    out.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        D.atomic_write(out, lambda tmp: Path(tmp).write_bytes(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+    assert out.read_bytes() == b"old"
+
+
+def test_a_ctrl_c_between_a_folders_two_replaces_puts_the_old_one_back(tmp_path, monkeypatch):
+    import tasks.dataset as D
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "w").write_bytes(b"old")
+    real, calls = os.replace, []
+
+    def replace(a, b):  # the first replace (out -> old) done, then the signal
+        real(a, b)
+        calls.append(b)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(D.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        D.atomic_folder(out, lambda tmp: (Path(tmp) / "w").write_bytes(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (out / "w").read_bytes() == b"old"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path, sig):
     out = tmp_path / "run"
