@@ -269,11 +269,10 @@ def run_bound(cfg, ceiling: dict, warm: dict) -> dict:
     so their mean stands for every step) times ``cfg.steps``, plus the run's exact warm
     states (``warm_up_share``). With the gradient passes shrunk to their operations alone and
     the warm states kept as they are, the run can be at most this much faster."""
-    rest = (ceiling["sample_s"] - ceiling["warm_states_s"]) / SAMPLE_STEPS * cfg.steps
-    shrink = (ceiling["sample_s"] - ceiling["warm_states_s"]) / ceiling["ops_alone_s"]
-    run = rest + warm["warm_states_s"]
-    return {"run_estimate_s": round(run), "run_wall_speedup_bound": round(
-        run / (rest / shrink + warm["warm_states_s"]), 3)}  # fmt: skip
+    per_run = cfg.steps / SAMPLE_STEPS
+    run = (ceiling["sample_s"] - ceiling["warm_states_s"]) * per_run + warm["warm_states_s"]
+    least = ceiling["ops_alone_s"] * per_run + warm["warm_states_s"]
+    return {"run_estimate_s": round(run), "run_wall_speedup_bound": round(run / least, 3)}
 
 
 def _train_part(world, out: str) -> None:

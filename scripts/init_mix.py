@@ -11,13 +11,13 @@ initial weights (and which of them) or its data order.
     python scripts/binding_heads.py /tmp/run/model --n-groups 24
     python scripts/init_mix.py --seed 1 --from-seed 0 --tokens distractors --out /tmp/mix2  # rows
 
-`--params` takes parameter-name prefixes, comma-separated (`W_E`, `blocks.0.`, `blocks.1.attn.`,
-`fusion.`); each must name at least one parameter. `--tokens` instead takes only some rows of the
-token embedding from the other seed: token names or groups, comma-separated (`RA,RB`,
-`registers`, `values`, `counts`, `distractors`, `syntax`; `not:` before the list takes every other
-row), which finds the tokens whose initial embedding decides an outcome. The folder's weights with no `--from-seed`
-are bit for bit those `fbt-probe train --set run.seed=A` starts from, so training from it is
-that run.
+`--params` takes parameter-name prefixes, comma-separated (`W_E`, `blocks.0.`,
+`blocks.1.attn.`, `fusion.`); each must name at least one parameter. `--tokens` instead takes
+only some rows of the token embedding from the other seed: token names or groups,
+comma-separated (`RA,RB`, `registers`, `values`, `counts`, `distractors`, `syntax`; `not:`
+before the list takes every other row), to find the tokens whose initial embedding decides an
+outcome. The folder's weights with no `--from-seed` are bit for bit those `fbt-probe train
+--set run.seed=A` starts from, so training from it is that run.
 """
 
 from __future__ import annotations
