@@ -163,7 +163,7 @@ def train(
         "--config",
         "-c",
         help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny, "
-        "paper-1b, upcycle, single-pass-window) "
+        "paper-1b, upcycle, single-pass-window, smeared-keys) "
         "or a recipe file (.toml or .json) that lists only what it changes: 'base' names the "
         "recipe it changes (default: 'default'). A run folder's train_config.json works too. "
         "Default: 'default', or with --resume the run folder's own recipe.",

@@ -30,6 +30,10 @@ class FBTConfig:
     n_ctx: int = 2048  # rotary: no learned positions, this only bounds the rotary table and caches
     positional: str = "rotary"  # rotary: position never enters the residual stream
     rope_base: float = 10000.0
+    # smeared keys (Olsson et al. 2022): each head's key at t is mixed with the key at t-1,
+    # k'_t = a k_t + (1 - a) k_{t-1}, a = sigmoid of a learned per-head scalar (0.5 at init),
+    # so a single head can match on the previous token without a previous-token head
+    smear_keys: bool = False
     fusion: str = "gated"
     jitter: float = 0.02  # uniform noise added to h before fusion, training mode only
     depth_scaling: bool = True  # residual branches scaled by 1/sqrt(2 L): ||h|| stays O(1)

@@ -45,6 +45,8 @@ class KVCache:
         shape = (cfg.n_layers, batch, cfg.n_heads, max_len, cfg.d_head)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # smeared keys: the unsmeared key of the last cached position is needed for the next
+        self.k_raw = torch.zeros(shape, device=device, dtype=dtype) if cfg.smear_keys else None
         self.length = 0
         self.max_len = max_len
 
@@ -73,6 +75,8 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(h * dh, d))
         self.W_V = nn.Parameter(torch.empty(h * dh, d))
         self.W_O = nn.Parameter(torch.empty(d, h * dh))
+        if cfg.smear_keys:  # per head; sigmoid(0) = 0.5 at init (``init_weights``)
+            self.smear = nn.Parameter(torch.zeros(h))
         self.hook_q = HookPoint()  # (batch, pos, head, d_head)
         self.hook_k = HookPoint()  # (batch, pos, head, d_head)
         self.hook_v = HookPoint()  # (batch, pos, head, d_head)
@@ -92,6 +96,8 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope[0][offset : offset + T], rope[1][offset : offset + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.cfg.smear_keys:
+            k = self._smear(k, offset, cache, layer)
         if cache is not None:
             cache.k[layer, :, :, offset : offset + T] = k
             cache.v[layer, :, :, offset : offset + T] = v
@@ -119,6 +125,26 @@ class Attention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, head, d_head)
         return z.reshape(B, T, H * dh) @ self.W_O.T
+
+    def _smear(self, k, offset: int, cache: KVCache | None, layer: int) -> torch.Tensor:
+        """k'_t = a k_t + (1 - a) k_{t-1} on rotated keys, so that the previous token's part
+        keeps its own position; before position 0 (or the first position this call sees,
+        without a cache) the key is zero."""
+        B, H, T, dh = k.shape
+        # in the projection's memory order (batch, pos, head * d_head) the per-head weight
+        # broadcasts along the contiguous axis: a (1, H, 1, 1) broadcast over the transposed
+        # keys ran several times slower than the attention itself
+        kf = k.transpose(1, 2).reshape(B, T, H * dh)
+        if cache is not None and offset > 0:
+            first = cache.k_raw[layer, :, :, offset - 1 : offset].transpose(1, 2)
+            first = first.reshape(B, 1, H * dh)
+        else:
+            first = kf.new_zeros(B, 1, H * dh)
+        if cache is not None:
+            cache.k_raw[layer, :, :, offset : offset + T] = k
+        prev = torch.cat([first, kf[:, :-1]], dim=1)
+        a = torch.sigmoid(self.smear).repeat_interleave(dh)
+        return torch.lerp(prev, kf, a).view(B, T, H, dh).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -461,6 +487,8 @@ class FBTModel(FeedbackModel):
             for name, p in self.named_parameters():
                 if name.endswith(".w"):
                     p.fill_(1.0)
+                elif name.endswith(".smear"):  # no draw: the other weights stay the seed's
+                    p.fill_(0.0)
                 else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
 
@@ -473,11 +501,14 @@ class FBTModel(FeedbackModel):
         return KVCache(self.cfg, batch, max_len, device=device)
 
     def snapshot_cache(self, cache: KVCache):
-        return cache.k.clone(), cache.v.clone()
+        raw = cache.k_raw.clone() if cache.k_raw is not None else None
+        return cache.k.clone(), cache.v.clone(), raw
 
     def restore_cache(self, cache: KVCache, snapshot, start: int) -> None:
         cache.k[..., start:, :].copy_(snapshot[0][..., start:, :])
         cache.v[..., start:, :].copy_(snapshot[1][..., start:, :])
+        if cache.k_raw is not None:
+            cache.k_raw[..., start:, :].copy_(snapshot[2][..., start:, :])
 
     # ---- pieces --------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -18,10 +18,16 @@ from fbt_probe.recurrence import run_recurrence, run_recurrence_with_cache
 TOL = dict(atol=2e-5, rtol=1e-4)
 
 
-@pytest.fixture
-def model():
+@pytest.fixture(params=["plain", "smeared"])
+def model(request):
     torch.manual_seed(0)
-    return FBTModel(build_cfg(), seed=0).eval()
+    if request.param == "plain":
+        return FBTModel(build_cfg(), seed=0).eval()
+    m = FBTModel(build_cfg(smear_keys=True), seed=0).eval()
+    with torch.no_grad():  # a different mix per head, some near each end
+        for blk in m.blocks:
+            blk.attn.smear.copy_(torch.tensor([-3.0, -0.5, 0.7, 4.0])[: m.cfg.n_heads])
+    return m
 
 
 def toks(B=3, T=12, seed=1, V=60):
@@ -56,6 +62,9 @@ def reference_stack(m: FBTModel, x: torch.Tensor) -> torch.Tensor:
             for W in (blk.attn.W_Q, blk.attn.W_K, blk.attn.W_V)
         )
         q, k = rot(q), rot(k)
+        if cfg.smear_keys:  # k'_t = a k_t + (1 - a) k_{t-1}, zero before position 0
+            a = torch.sigmoid(blk.attn.smear).view(1, H, 1, 1)
+            k = a * k + (1 - a) * F.pad(k, (0, 0, 1, 0))[:, :, :T]
         att = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
         att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
         z = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
@@ -102,6 +111,22 @@ def test_pass_one_equals_plain_transformer(fusion):
     torch.testing.assert_close(out.logits, ref @ m.W_E.T, **TOL)
     if fusion == "none":  # no feedback: every pass is pass 1
         torch.testing.assert_close(m(t, passes=3).states, out.states, **TOL)
+
+
+@torch.no_grad()
+def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
+    plain = FBTModel(build_cfg(), seed=3).eval()
+    smeared = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
+    sd = smeared.state_dict()
+    assert {n for n in sd if n.endswith(".smear")} == {f"blocks.{i}.attn.smear" for i in range(2)}
+    for n, p in plain.state_dict().items():  # the smear parameters draw nothing
+        assert torch.equal(sd[n], p), n
+    assert all(torch.equal(sd[f"blocks.{i}.attn.smear"], torch.zeros(4)) for i in range(2))
+    t = toks()
+    out = smeared(t, passes=1)
+    torch.testing.assert_close(out.states, reference_stack(smeared, reference_embed(smeared, t)),
+                               **TOL)  # fmt: skip
+    assert (out.states - plain(t, passes=1).states).abs().max() > 1e-3
 
 
 @torch.no_grad()

@@ -216,6 +216,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "paper-1b",
         "upcycle",
         "single-pass-window",
+        "smeared-keys",
     }
     for n in recipe_names():
         assert named_config(n).name == n
@@ -358,6 +359,12 @@ def test_training_guide_shows_the_default_schedule_and_a_working_example(tmp_pat
     (tmp_path / "short_lr.toml").write_text(example)
     cfg = load_recipe(str(tmp_path / "short_lr.toml"))
     assert cfg.steps == 1200 and cfg.optim.lr == 1e-3 and plan_of(cfg, 1199).n_max == 128
+
+
+def test_smeared_keys_is_the_default_with_smeared_keys():
+    sk, d = named_config("smeared-keys"), named_config("default")
+    assert sk == d.with_overrides({"name": "smeared-keys", "model.smear_keys": True})
+    assert not d.model.smear_keys and sk.model.jitter == d.model.jitter == 0.5
 
 
 def test_single_pass_window_is_the_default_with_single_pass_batches_until_0_4():
