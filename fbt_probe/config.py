@@ -34,6 +34,9 @@ class FBTConfig:
     # k'_t = a k_t + (1 - a) k_{t-1}, a = sigmoid of a learned per-head scalar (0.5 at init),
     # so a single head can match on the previous token without a previous-token head
     smear_keys: bool = False
+    # the smear weights' logits at init, spread evenly over a layer's heads in [-s, s] (0: all
+    # heads start at 0.5); a scalar gate moves slowly under AdamW, so the spread is a menu
+    smear_spread: float = 0.0
     fusion: str = "gated"
     jitter: float = 0.02  # uniform noise added to h before fusion, training mode only
     depth_scaling: bool = True  # residual branches scaled by 1/sqrt(2 L): ||h|| stays O(1)
@@ -65,6 +68,7 @@ class FBTConfig:
             need(self.d_head % 2 == 0, f"rotary needs an even d_head, got {self.d_head}")
         need(self.rope_base > 1, "rope_base must be > 1")
         need(0.0 <= self.jitter < 1.0, f"jitter must be in [0, 1), got {self.jitter}")
+        need(self.smear_spread >= 0, f"smear_spread must be >= 0, got {self.smear_spread}")
         need(self.norm_eps > 0 and self.init_std > 0, "norm_eps and init_std must be positive")
         need(
             self.d_vocab >= vocab.BASE_SIZE,

@@ -75,7 +75,7 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(h * dh, d))
         self.W_V = nn.Parameter(torch.empty(h * dh, d))
         self.W_O = nn.Parameter(torch.empty(d, h * dh))
-        if cfg.smear_keys:  # per head; sigmoid(0) = 0.5 at init (``init_weights``)
+        if cfg.smear_keys:  # per head; set by ``init_weights`` (FBTConfig.smear_spread)
             self.smear = nn.Parameter(torch.zeros(h))
         self.hook_q = HookPoint()  # (batch, pos, head, d_head)
         self.hook_k = HookPoint()  # (batch, pos, head, d_head)
@@ -488,7 +488,8 @@ class FBTModel(FeedbackModel):
                 if name.endswith(".w"):
                     p.fill_(1.0)
                 elif name.endswith(".smear"):  # no draw: the other weights stay the seed's
-                    p.fill_(0.0)
+                    spread = self.cfg.smear_spread
+                    p.copy_(torch.linspace(-spread, spread, len(p)) if len(p) > 1 else torch.zeros(1))
                 else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
 

@@ -175,6 +175,30 @@ def plot_seeds(rows: dict[int, dict], out: Path) -> Path:
     return out / "seeds.png"
 
 
+def _same_recipe(run: Path, scfg) -> None:
+    """A finished seed is kept only if it was trained with this recipe: another recipe's run
+    in the folder would otherwise enter the table under this one's name. The name is not
+    compared (it enters no arithmetic), nor how the states were sharded."""
+    from dataclasses import replace
+
+    from fbt_probe.train import TrainConfig
+
+    path = run / "train_config.json"
+    try:
+        saved = TrainConfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read the finished seed's recipe ({e})") from None
+
+    def key(c):
+        return replace(c, name="", run=replace(c.run, fsdp=False))
+
+    if key(saved) != key(scfg):
+        raise ValueError(
+            f"{run} was trained with another recipe than {scfg.name} (its train_config.json "
+            "differs); use another --out"
+        )
+
+
 def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int = 48,
                    probe_groups: int = 128, bars=None) -> pd.DataFrame:  # fmt: skip
     """Train ``cfg`` for every seed into ``out/seed-<s>`` (a finished seed is kept, a stopped
@@ -191,6 +215,8 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
         scfg = cfg.with_overrides({"run.seed": s, "name": f"{cfg.name}-seed{s}"})
         done = run / "metrics.json"
         finished = done.is_file() and json.loads(done.read_text()).get("finished")
+        if finished:
+            _same_recipe(run, scfg)
         if not finished:
             train_fn(scfg, run, (run / "state.pt").is_file())
         cached = run / "seed_row.json"

@@ -127,6 +127,9 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
     torch.testing.assert_close(out.states, reference_stack(smeared, reference_embed(smeared, t)),
                                **TOL)  # fmt: skip
     assert (out.states - plain(t, passes=1).states).abs().max() > 1e-3
+    spread = FBTModel(build_cfg(smear_keys=True, smear_spread=2.0), seed=3)
+    torch.testing.assert_close(spread.blocks[1].attn.smear.detach(), torch.tensor([-2, -2 / 3, 2 / 3, 2]))
+    assert torch.equal(spread.blocks[0].attn.W_K, plain.blocks[0].attn.W_K)
 
 
 @torch.no_grad()
@@ -349,6 +352,7 @@ def test_save_load_roundtrip_and_errors(model, tmp_path):
         dict(jitter=-0.1),
         dict(n_layers=0),
         dict(d_vocab=5),
+        dict(smear_spread=-1.0),
     ],
 )
 def test_config_validation(bad):

@@ -73,6 +73,14 @@ def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
     assert again["1"].keys() == rows["1"].keys()
     for k, v in rows["1"].items():  # intervals read back from the CSV (6 digits)
         assert again["1"][k] == (pytest.approx(v, abs=1e-5) if k.startswith("ci_") else v)
+    # the same recipe under another name keeps the finished seeds; another recipe is refused
+    run_seed_study(cfg.with_overrides({"name": "renamed"}), [0, 1], tmp_path, one,
+                   eval_groups=5, probe_groups=6)  # fmt: skip
+    assert calls == []
+    other = cfg.with_overrides({"optim.lr": 1e-3})
+    with pytest.raises(ValueError, match=r"seed-0 was trained with another recipe than tiny-seed0"):
+        run_seed_study(other, [0, 1], tmp_path, one, eval_groups=5, probe_groups=6)
+    assert calls == []
 
 
 def test_targets_read_from_a_row():
