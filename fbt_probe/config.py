@@ -37,6 +37,9 @@ class FBTConfig:
     # the smear weights' logits at init, spread evenly over a layer's heads in [-s, s] (0: all
     # heads start at 0.5); a scalar gate moves slowly under AdamW, so the spread is a menu
     smear_spread: float = 0.0
+    # the layers whose keys are smeared (None: every layer); e.g. (1, 2, 3) keeps block 0's
+    # keys plain, block 0 being where done_tracking's running bit is built
+    smear_layers: tuple[int, ...] | None = None
     fusion: str = "gated"
     jitter: float = 0.02  # uniform noise added to h before fusion, training mode only
     depth_scaling: bool = True  # residual branches scaled by 1/sqrt(2 L): ||h|| stays O(1)
@@ -69,11 +72,25 @@ class FBTConfig:
         need(self.rope_base > 1, "rope_base must be > 1")
         need(0.0 <= self.jitter < 1.0, f"jitter must be in [0, 1), got {self.jitter}")
         need(self.smear_spread >= 0, f"smear_spread must be >= 0, got {self.smear_spread}")
+        if self.smear_layers is not None:
+            layers = tuple(self.smear_layers)
+            need(self.smear_keys, "smear_layers needs smear_keys = true")
+            need(
+                all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+                and all(0 <= i < self.n_layers for i in layers)
+                and len(set(layers)) == len(layers),
+                f"smear_layers must be distinct layers in 0..{self.n_layers - 1}, got {list(layers)}",
+            )
+            object.__setattr__(self, "smear_layers", layers)  # a list from Python or JSON
         need(self.norm_eps > 0 and self.init_std > 0, "norm_eps and init_std must be positive")
         need(
             self.d_vocab >= vocab.BASE_SIZE,
             f"d_vocab must be at least the built-in vocabulary ({vocab.BASE_SIZE})",
         )
+
+    def smears(self, layer: int) -> bool:
+        """Whether layer ``layer``'s keys are smeared."""
+        return self.smear_keys and (self.smear_layers is None or layer in self.smear_layers)
 
     @property
     def d_head(self) -> int:

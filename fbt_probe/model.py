@@ -67,15 +67,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: FBTConfig):
+    def __init__(self, cfg: FBTConfig, layer: int):
         super().__init__()
         self.cfg = cfg
+        self.smears = cfg.smears(layer)
         d, h, dh = cfg.d_model, cfg.n_heads, cfg.d_head
         self.W_Q = nn.Parameter(torch.empty(h * dh, d))
         self.W_K = nn.Parameter(torch.empty(h * dh, d))
         self.W_V = nn.Parameter(torch.empty(h * dh, d))
         self.W_O = nn.Parameter(torch.empty(d, h * dh))
-        if cfg.smear_keys:  # per head; set by ``init_weights`` (FBTConfig.smear_spread)
+        if self.smears:  # per head; set by ``init_weights`` (FBTConfig.smear_spread)
             self.smear = nn.Parameter(torch.zeros(h))
         self.hook_q = HookPoint()  # (batch, pos, head, d_head)
         self.hook_k = HookPoint()  # (batch, pos, head, d_head)
@@ -96,7 +97,7 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope[0][offset : offset + T], rope[1][offset : offset + T]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if self.cfg.smear_keys:
+        if self.smears:
             k = self._smear(k, offset, cache, layer)
         if cache is not None:
             cache.k[layer, :, :, offset : offset + T] = k
@@ -167,7 +168,7 @@ class Block(nn.Module):
         self.layer = layer
         self.scale = cfg.residual_scale
         self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()  # (batch, pos, d_model)

@@ -18,15 +18,17 @@ from fbt_probe.recurrence import run_recurrence, run_recurrence_with_cache
 TOL = dict(atol=2e-5, rtol=1e-4)
 
 
-@pytest.fixture(params=["plain", "smeared"])
+@pytest.fixture(params=["plain", "smeared", "smeared-layer-1"])
 def model(request):
     torch.manual_seed(0)
     if request.param == "plain":
         return FBTModel(build_cfg(), seed=0).eval()
-    m = FBTModel(build_cfg(smear_keys=True), seed=0).eval()
+    layers = [1] if request.param == "smeared-layer-1" else None
+    m = FBTModel(build_cfg(smear_keys=True, smear_layers=layers), seed=0).eval()
     with torch.no_grad():  # a different mix per head, some near each end
         for blk in m.blocks:
-            blk.attn.smear.copy_(torch.tensor([-3.0, -0.5, 0.7, 4.0])[: m.cfg.n_heads])
+            if hasattr(blk.attn, "smear"):
+                blk.attn.smear.copy_(torch.tensor([-3.0, -0.5, 0.7, 4.0])[: m.cfg.n_heads])
     return m
 
 
@@ -62,7 +64,7 @@ def reference_stack(m: FBTModel, x: torch.Tensor) -> torch.Tensor:
             for W in (blk.attn.W_Q, blk.attn.W_K, blk.attn.W_V)
         )
         q, k = rot(q), rot(k)
-        if cfg.smear_keys:  # k'_t = a k_t + (1 - a) k_{t-1}, zero before position 0
+        if hasattr(blk.attn, "smear"):  # k'_t = a k_t + (1 - a) k_{t-1}, zero before position 0
             a = torch.sigmoid(blk.attn.smear).view(1, H, 1, 1)
             k = a * k + (1 - a) * F.pad(k, (0, 0, 1, 0))[:, :, :T]
         att = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
@@ -130,6 +132,16 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
     spread = FBTModel(build_cfg(smear_keys=True, smear_spread=2.0), seed=3)
     torch.testing.assert_close(spread.blocks[1].attn.smear.detach(), torch.tensor([-2, -2 / 3, 2 / 3, 2]))
     assert torch.equal(spread.blocks[0].attn.W_K, plain.blocks[0].attn.W_K)
+    # smear_layers: only the layers named smear; the output is the reference's with block 0 plain
+    upper = FBTModel(build_cfg(smear_keys=True, smear_layers=[1]), seed=3).eval()
+    assert upper.cfg.smear_layers == (1,) and not hasattr(upper.blocks[0].attn, "smear")
+    assert {n for n in upper.state_dict() if n.endswith(".smear")} == {"blocks.1.attn.smear"}
+    upper.blocks[1].attn.smear.fill_(-1.5)
+    out = upper(t, passes=1)
+    torch.testing.assert_close(out.states, reference_stack(upper, reference_embed(upper, t)), **TOL)
+    smeared.blocks[1].attn.smear.fill_(-1.5)  # both layers smeared: another output
+    assert (out.states - smeared(t, passes=1).states).abs().max() > 1e-3
+    assert FBTConfig.from_dict(upper.cfg.to_dict()) == upper.cfg
 
 
 @torch.no_grad()
@@ -353,6 +365,9 @@ def test_save_load_roundtrip_and_errors(model, tmp_path):
         dict(n_layers=0),
         dict(d_vocab=5),
         dict(smear_spread=-1.0),
+        dict(smear_layers=[1]),  # without smear_keys
+        dict(smear_keys=True, smear_layers=[2]),
+        dict(smear_keys=True, smear_layers=[0, 0]),
     ],
 )
 def test_config_validation(bad):

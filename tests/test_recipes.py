@@ -365,6 +365,7 @@ def test_smeared_keys_is_the_default_with_smeared_keys():
     sk, d = named_config("smeared-keys"), named_config("default")
     assert sk == d.with_overrides({"name": "smeared-keys", "model.smear_keys": True})
     assert not d.model.smear_keys and sk.model.jitter == d.model.jitter == 0.5
+    assert all(sk.model.smears(i) for i in range(4)) and not d.model.smears(0)
 
 
 def test_single_pass_window_is_the_default_with_single_pass_batches_until_0_4():
