@@ -31,7 +31,7 @@ class FBTConfig:
     positional: str = "rotary"  # rotary: position never enters the residual stream
     rope_base: float = 10000.0
     # smeared keys (Olsson et al. 2022): each head's key at t is mixed with the key at t-1,
-    # k'_t = a k_t + (1 - a) k_{t-1}, a = sigmoid of a learned per-head scalar (0.5 at init),
+    # k'_t = a k_t + (1 - a) k_{t-1}, a = sigmoid of a learned per-head scalar (see smear_spread),
     # so a single head can match on the previous token without a previous-token head
     smear_keys: bool = False
     # the smear weights' logits at init, spread evenly over a layer's heads in [-s, s] (0: all
@@ -79,7 +79,8 @@ class FBTConfig:
                 all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
                 and all(0 <= i < self.n_layers for i in layers)
                 and len(set(layers)) == len(layers),
-                f"smear_layers must be distinct layers in 0..{self.n_layers - 1}, got {list(layers)}",
+                f"smear_layers must be distinct layers in 0..{self.n_layers - 1}, "
+                f"got {list(layers)}",
             )
             object.__setattr__(self, "smear_layers", layers)  # a list from Python or JSON
         need(self.norm_eps > 0 and self.init_std > 0, "norm_eps and init_std must be positive")

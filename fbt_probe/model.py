@@ -490,7 +490,9 @@ class FBTModel(FeedbackModel):
                     p.fill_(1.0)
                 elif name.endswith(".smear"):  # no draw: the other weights stay the seed's
                     spread = self.cfg.smear_spread
-                    p.copy_(torch.linspace(-spread, spread, len(p)) if len(p) > 1 else torch.zeros(1))
+                    p.copy_(
+                        torch.linspace(-spread, spread, len(p)) if len(p) > 1 else torch.zeros(1)
+                    )
                 else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
 

@@ -130,7 +130,9 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
                                **TOL)  # fmt: skip
     assert (out.states - plain(t, passes=1).states).abs().max() > 1e-3
     spread = FBTModel(build_cfg(smear_keys=True, smear_spread=2.0), seed=3)
-    torch.testing.assert_close(spread.blocks[1].attn.smear.detach(), torch.tensor([-2, -2 / 3, 2 / 3, 2]))
+    torch.testing.assert_close(
+        spread.blocks[1].attn.smear.detach(), torch.tensor([-2, -2 / 3, 2 / 3, 2])
+    )
     assert torch.equal(spread.blocks[0].attn.W_K, plain.blocks[0].attn.W_K)
     # smear_layers: only the layers named smear; the output is the reference's with block 0 plain
     upper = FBTModel(build_cfg(smear_keys=True, smear_layers=[1]), seed=3).eval()

@@ -363,7 +363,8 @@ def test_training_guide_shows_the_default_schedule_and_a_working_example(tmp_pat
 
 def test_smeared_keys_is_the_default_with_smeared_keys():
     sk, d = named_config("smeared-keys"), named_config("default")
-    assert sk == d.with_overrides({"name": "smeared-keys", "model.smear_keys": True})
+    over = {"name": "smeared-keys", "model.smear_keys": True, "model.smear_spread": 6.0}
+    assert sk == d.with_overrides(over)
     assert not d.model.smear_keys and sk.model.jitter == d.model.jitter == 0.5
     assert all(sk.model.smears(i) for i in range(4)) and not d.model.smears(0)
 
