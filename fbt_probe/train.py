@@ -346,10 +346,19 @@ def diverged(loss_per_pass: float, recent: list[float]) -> bool:
     )
 
 
-def _without_sharding(cfg: TrainConfig) -> TrainConfig:
+def without_sharding(cfg: TrainConfig) -> TrainConfig:
     """The config with ``run.fsdp`` off: how the states are laid out over the ranks is not
     part of what is trained, so a run may be resumed with or without it."""
     return replace(cfg, run=replace(cfg.run, fsdp=False))
+
+
+def saved_train_config(out: Path) -> TrainConfig:
+    """The recipe a run folder was trained with (its ``train_config.json``)."""
+    path = out / "train_config.json"
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e.msg})") from None
 
 
 def _save_state(path: Path, model, opt, step: int, history: list) -> None:
@@ -422,11 +431,7 @@ def train(
     model.train()
     st = None
     if resume:
-        try:
-            saved_cfg = TrainConfig.from_dict(json.loads((out / "train_config.json").read_text()))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{out / 'train_config.json'} is not valid JSON ({e.msg})") from None
-        if _without_sharding(saved_cfg) != _without_sharding(cfg):
+        if without_sharding(saved_train_config(out)) != without_sharding(cfg):
             raise ValueError(
                 f"{out} was trained with a different config; resume it with the same one"
             )

@@ -181,18 +181,13 @@ def _same_recipe(run: Path, scfg) -> None:
     compared (it enters no arithmetic), nor how the states were sharded."""
     from dataclasses import replace
 
-    from fbt_probe.train import TrainConfig
+    from fbt_probe.train import saved_train_config, without_sharding
 
-    path = run / "train_config.json"
     try:
-        saved = TrainConfig.from_dict(json.loads(path.read_text()))
+        saved = saved_train_config(run)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read the finished seed's recipe ({e})") from None
-
-    def key(c):
-        return replace(c, name="", run=replace(c.run, fsdp=False))
-
-    if key(saved) != key(scfg):
+        raise ValueError(f"{run}: cannot read the finished seed's recipe ({e})") from None
+    if without_sharding(replace(saved, name="")) != without_sharding(replace(scfg, name="")):
         raise ValueError(
             f"{run} was trained with another recipe than {scfg.name} (its train_config.json "
             "differs); use another --out"
