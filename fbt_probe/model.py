@@ -78,6 +78,7 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.empty(d, h * dh))
         if self.smears:  # per head; set by ``init_weights`` (FBTConfig.smear_spread)
             self.smear = nn.Parameter(torch.zeros(h))
+        self.smear_share = 1.0  # set by training only (FBTModel.smear_scale); not saved
         self.hook_q = HookPoint()  # (batch, pos, head, d_head)
         self.hook_k = HookPoint()  # (batch, pos, head, d_head)
         self.hook_v = HookPoint()  # (batch, pos, head, d_head)
@@ -144,7 +145,10 @@ class Attention(nn.Module):
         if cache is not None:
             cache.k_raw[layer, :, :, offset : offset + T] = k
         prev = torch.cat([first, kf[:, :-1]], dim=1)
-        a = torch.sigmoid(self.smear).repeat_interleave(dh)
+        a = torch.sigmoid(self.smear)
+        if self.smear_share != 1.0:  # the schedule's ``smear`` below 1: part of the way plain
+            a = 1.0 - self.smear_share * (1.0 - a)
+        a = a.repeat_interleave(dh)
         return torch.lerp(prev, kf, a).view(B, T, H, dh).transpose(1, 2)
 
 
@@ -495,6 +499,12 @@ class FBTModel(FeedbackModel):
                     )
                 else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
+
+    def smear_scale(self, share: float) -> None:
+        """Apply ``share`` of each smeared head's previous-key weight (0: plain keys, 1: the
+        learned weight, the only value a saved model uses): the schedule's ``smear``."""
+        for b in self.blocks:
+            b.attn.smear_share = float(share)
 
     @property
     def rope(self):

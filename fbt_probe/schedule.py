@@ -8,7 +8,11 @@ phase starts at 0, the last ends at 1). It sets some of these quantities:
 - ``n_max``: the largest distractor count drawn;
 - ``frozen``: parameter-name prefixes that get no update (never ramps);
 - ``overwrites``: the cap on multi_register's overwrites per register;
-- ``fixed_point``: the share of steps that are fixed-point batches.
+- ``fixed_point``: the share of steps that are fixed-point batches;
+- ``soft``: the share of a multi-pass batch's examples trained as soft decoding sees them:
+  the whole prompt plain in every pass, only the answer fused;
+- ``smear``: how much of the smeared keys' previous-key share is applied (0 = plain keys,
+  1 = the learned share; needs ``model.smear_keys``, and must end at 1).
 
 A quantity the phase does not set keeps its value. A quantity it sets starts sharply at the
 phase's start, unless the phase names it in ``ramp`` (``ramp = true``: everything it sets): then
@@ -25,10 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-QUANTITIES = ("tasks", "passes", "n_max", "frozen", "overwrites", "fixed_point")
-RAMPABLE = ("tasks", "passes", "n_max", "overwrites", "fixed_point")
+QUANTITIES = ("tasks", "passes", "n_max", "frozen", "overwrites", "fixed_point", "soft", "smear")
+RAMPABLE = ("tasks", "passes", "n_max", "overwrites", "fixed_point", "soft", "smear")
 # what a quantity is before any phase sets it (tasks, passes and n_max must be set)
-UNSET = {"frozen": (), "overwrites": None, "fixed_point": 0.0}
+UNSET = {"frozen": (), "overwrites": None, "fixed_point": 0.0, "soft": 0.0, "smear": 1.0}
 MAX_COUNT = 256  # the largest distractor count any task renders
 
 
@@ -43,6 +47,8 @@ class Phase:
     frozen: tuple[str, ...] | None = None
     overwrites: int | None = None
     fixed_point: float | None = None
+    soft: float | None = None
+    smear: float | None = None
     ramp: tuple[str, ...] = ()
     why: str = field(default="", compare=False)  # a note for readers; it changes nothing
 
@@ -73,6 +79,8 @@ class Plan:
     frozen: tuple[str, ...]
     overwrites: int | None  # None = no cap beyond the task's own
     fixed_point: float
+    soft: float = 0.0  # share of a multi-pass batch's examples with the whole prompt plain
+    smear: float = 1.0  # the applied share of the smeared keys' previous key
 
 
 def task_names(phases) -> list[str]:
@@ -118,6 +126,10 @@ def validate(phases, where: str = "schedule") -> None:
             raise ValueError(f"{at}.overwrites must be in 0..8, got {p.overwrites}")
         if p.fixed_point is not None and not 0.0 <= p.fixed_point <= 1.0:
             raise ValueError(f"{at}.fixed_point is a share in [0, 1], got {p.fixed_point}")
+        for q in ("soft", "smear"):
+            v = getattr(p, q)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"{at}.{q} is a share in [0, 1], got {v}")
         for q in p.ramp:
             if q not in RAMPABLE:
                 raise ValueError(f"{at}.ramp names {q!r}; only {', '.join(RAMPABLE)} ramp")
@@ -133,6 +145,9 @@ def validate(phases, where: str = "schedule") -> None:
         prev = p.until
     if phases[-1].until != 1.0:
         raise ValueError(f"{where}: the last phase must end at 1 (until = 1.0)")
+    last = [p.smear for p in phases if p.smear is not None]
+    if last and last[-1] != 1.0:  # the saved model applies the learned share in full
+        raise ValueError(f"{where}: smear must end at 1 (the last phase setting it has {last[-1]:g})")
 
 
 def _value(phases, i: int, q: str, progress: float, names: list[str], n_passes: int):
@@ -179,7 +194,8 @@ def plan_at(phases, progress: float) -> Plan:
 
 
 def table(phases) -> str:
-    """The schedule as a markdown table: one row a phase, ``→`` where a value ramps in."""
+    """The schedule as a markdown table: one row a phase, ``→`` where a value ramps in; a
+    quantity no phase sets has no column (tasks, passes and n_max always have one)."""
 
     def fmt(p: Phase, q: str) -> str:
         v = getattr(p, q)
@@ -199,12 +215,13 @@ def table(phases) -> str:
             s = f"{v:g}"
         return f"→ {s}" if q in p.ramp else s
 
-    head = ["phase", "until", *QUANTITIES, "why"]
+    shown = [q for q in QUANTITIES if q in ("tasks", "passes", "n_max") or any(p.sets(q) for p in phases)]
+    head = ["phase", "until", *shown, "why"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     prev = 0.0
     for i, p in enumerate(phases):
         span = f"{prev:g}–{p.until:g}" if p.until > prev else f"at {p.until:g}"
-        cells = [str(i), span, *(fmt(p, q) for q in QUANTITIES), p.why]
+        cells = [str(i), span, *(fmt(p, q) for q in shown), p.why]
         rows.append("| " + " | ".join(cells) + " |")
         prev = p.until
     return "\n".join(rows)

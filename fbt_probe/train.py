@@ -157,6 +157,11 @@ def draw_step(cfg: TrainConfig, stream: TrainingStream, step: int) -> StepDraw:
         use = rng.random(n) < cfg.objective.prefix_prob
         draw = np.floor(rng.random(n) * prompt_len)
         prefix = np.where(use, draw.astype(int), 0)
+    if plan.soft > 0 and passes > 1 and not warm:  # drawn only where a phase asks for it
+        n = len(examples)
+        soft = rng.random(n) < plan.soft
+        whole = np.array([ex.colon_index + 1 for ex in examples])  # the colon plain too
+        prefix = np.where(soft, whole, 0 if prefix is None else prefix)
     return StepDraw(plan, passes, warm, examples, prefix, cfg.run.seed * 1_000_003 + step)
 
 
@@ -185,6 +190,8 @@ def stream_digest(cfg: TrainConfig, every: int = 100) -> dict:
             "jitter_seed": s.jitter_seed,
             "lr": repr(lr_at(cfg, step)),
         }
+        if s.plan.smear != 1.0:  # only where a phase sets it: the recipes' digests stand
+            rec["smear"] = repr(s.plan.smear)
         b = json.dumps(rec, sort_keys=True).encode()
         total.update(b)
         chunk.update(b)
@@ -526,6 +533,8 @@ def train(
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
         opt.zero_grad(set_to_none=True)
+        if cfg.model.smear_keys:
+            model.smear_scale(draw.plan.smear)
         with autocast(cfg, dev):
             lv, stats, n_tokens = train_step(net, model, draw, cfg, world, dev)
         if diverged(lv / passes, recent):
@@ -594,6 +603,8 @@ def train(
     final_step = history[-1]["step"] if history else start
     full = checkpoint(final_step)
     lap("checkpoint")
+    if cfg.model.smear_keys:  # as the saved model runs, wherever the schedule's ramp stood
+        model.smear_scale(1.0)
     model.eval()
     final_eval = quick_eval(model, cfg) if world.main or fsdp else {}
     lap("eval")

@@ -187,6 +187,10 @@ class TrainConfig:
     def __post_init__(self):
         _need(self.steps >= 1, "steps must be >= 1")
         validate(self.schedule)
+        _need(
+            self.model.smear_keys or all(p.smear is None for p in self.schedule),
+            "the schedule sets smear, which needs model.smear_keys = true",
+        )
         for i, p in enumerate(self.schedule):
             for t in p.tasks or ():
                 try:

@@ -147,6 +147,31 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
 
 
 @torch.no_grad()
+def test_the_schedules_smear_share_moves_the_keys_between_plain_and_learned():
+    plain = FBTModel(build_cfg(), seed=3).eval()
+    smeared = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
+    for blk in smeared.blocks:
+        blk.attn.smear.copy_(torch.tensor([-3.0, -0.5, 0.7, 4.0]))
+    t = toks()
+    learned = smeared(t, passes=2).states
+    smeared.smear_scale(0.0)  # every key plain: the same seed's plain model
+    torch.testing.assert_close(smeared(t, passes=2).states, plain(t, passes=2).states, **TOL)
+    smeared.smear_scale(0.3)  # 30 % of each head's previous-key weight: a = 1 - 0.3 (1 - a)
+    partial = smeared(t, passes=1).states
+    ref = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
+    for blk, src in zip(ref.blocks, smeared.blocks, strict=True):
+        a = 1 - 0.3 * (1 - torch.sigmoid(src.attn.smear))
+        blk.attn.smear.copy_(torch.logit(a.double()).float())
+    torch.testing.assert_close(partial, reference_stack(ref, reference_embed(ref, t)), **TOL)
+    smeared.smear_scale(1.0)
+    assert torch.equal(smeared(t, passes=2).states, learned)
+    # the partial share is neither end: 10x the tolerance away from plain, and short of learned
+    gap = (partial - plain(t, passes=1).states).abs().max()
+    assert gap > 10 * TOL["atol"]
+    assert gap < (smeared(t, passes=1).states - plain(t, passes=1).states).abs().max()
+
+
+@torch.no_grad()
 def test_jacobi_passes_equal_recurrence_on_first_k_positions(model):
     t = toks(T=9)
     rec = run_recurrence(model, t).states

@@ -69,10 +69,57 @@ def test_overwrites_ramp_one_by_one_and_zero_length_phases():
     assert plan_at(s, 0.0).phase == 1  # the zero-length phase is never active
 
 
+def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
+    sched = [
+        {"until": 0.2, "tasks": T3, "passes": [0, 1], "n_max": 8, "smear": 0.0},
+        {"until": 0.4, "smear": 1.0, "ramp": ["smear"]},
+        {"until": 0.5, "soft": 0.0},
+        {"until": 1.0, "soft": 0.6, "ramp": ["soft"]},
+    ]
+    cfg = TrainConfig.from_dict(
+        {"steps": 200, "model": {"smear_keys": True}, "objective": {"prefix_mixin": False},
+         "schedule": sched}  # fmt: skip
+    )
+    s = cfg.schedule
+    at = lambda f: plan_at(s, f)  # noqa: E731
+    assert [at(f).smear for f in (0.0, 0.19, 0.2, 0.3, 0.5)] == pytest.approx([0, 0, 0, 0.5, 1])
+    assert [at(f).soft for f in (0.0, 0.49, 0.5, 0.75)] == pytest.approx([0, 0, 0, 0.3])
+    # before any phase sets them: no soft examples, the smear as learned
+    bare = phases({"until": 1.0, "tasks": T3, "passes": [1], "n_max": 8})
+    assert (plan_at(bare, 0.5).soft, plan_at(bare, 0.5).smear) == (0.0, 1.0)
+    from fbt_probe.train import draw_step
+
+    stream, whole, plain, n = cfg.stream(), 0, 0, 0
+    for step in range(200):
+        d = draw_step(cfg, stream, step)
+        if step < 100:  # soft 0 until 0.5: nothing drawn
+            assert d.prefix is None
+            continue
+        colon = np.array([ex.colon_index + 1 for ex in d.examples])
+        prefix = np.zeros(len(colon), int) if d.prefix is None else d.prefix  # soft 0 at 0.5
+        assert set(np.unique(prefix)) <= {0} | set(colon)  # the whole prompt, or nothing
+        whole += int((prefix == colon).sum())
+        plain += int((prefix == 0).sum())
+        n += len(colon)
+    # the share rises from 0 to 0.6 over the second half: 0.3 on average
+    assert whole + plain == n and 0.25 < whole / n < 0.35
+    with pytest.raises(ValueError, match="sets smear, which needs model.smear_keys = true"):
+        TrainConfig.from_dict({"schedule": sched})
+
+
 @pytest.mark.parametrize(
     "bad,msg",
     [
         ([], "at least one phase"),
+        (
+            [{"until": 1.0, "tasks": T3, "passes": [1], "n_max": 8, "soft": 1.5}],
+            r"schedule\[0\].soft is a share in \[0, 1\]",
+        ),
+        (
+            [{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8, "smear": 0.0},
+             {"until": 1.0, "smear": 0.5, "ramp": ["smear"]}],  # fmt: skip
+            "smear must end at 1",
+        ),
         ([{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8}], "last phase must end at 1"),
         (
             [{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8}, {"until": 0.4}],

@@ -241,6 +241,33 @@ def test_resume_reaches_the_same_weights(tmp_path):
     assert m["threads"] == 2 and m["torch_version"] == torch.__version__
 
 
+def test_a_smear_held_at_zero_leaves_the_smear_weights_alone_and_resume_keeps_the_ramp(tmp_path):
+    cfg = tiny(
+        steps=12,
+        run__checkpoint_every=3,
+        model__smear_keys=True,
+        model__smear_spread=2.0,
+        schedule=[
+            {**one_phase()[0], "until": 0.25, "smear": 0.0},  # steps 0-2: keys plain
+            {"until": 1.0, "smear": 1.0, "soft": 0.5, "ramp": ["smear"]},
+        ],
+    )
+    init = FBTModel(cfg.model, seed=0).state_dict()
+    with torch_threads(2):
+        train(cfg, tmp_path / "early", stop_after=3, argv=["test"])
+        train(cfg, tmp_path / "full", argv=["test"])
+        train(cfg, tmp_path / "part", stop_after=5, argv=["test"])  # mid-ramp
+        train(cfg, tmp_path / "part", resume=True, argv=["test"])
+    early = load_model(tmp_path / "early" / "model").state_dict()
+    smear = [k for k in init if k.endswith(".smear")]
+    assert smear and all(torch.equal(early[k], init[k]) for k in smear)  # no gradient at 0
+    assert not torch.equal(early["blocks.0.attn.W_K"], init["blocks.0.attn.W_K"])
+    a = load_model(tmp_path / "full" / "model").state_dict()
+    b = load_model(tmp_path / "part" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the share comes from the step's plan
+    assert not all(torch.equal(a[k], init[k]) for k in smear)
+
+
 @contextmanager
 def torch_threads(n):
     before = torch.get_num_threads()
