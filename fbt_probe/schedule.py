@@ -124,9 +124,7 @@ def validate(phases, where: str = "schedule") -> None:
             raise ValueError(f"{at}.frozen is a list of parameter-name prefixes")
         if p.overwrites is not None and not 0 <= p.overwrites <= 8:
             raise ValueError(f"{at}.overwrites must be in 0..8, got {p.overwrites}")
-        if p.fixed_point is not None and not 0.0 <= p.fixed_point <= 1.0:
-            raise ValueError(f"{at}.fixed_point is a share in [0, 1], got {p.fixed_point}")
-        for q in ("soft", "smear"):
+        for q in ("fixed_point", "soft", "smear"):
             v = getattr(p, q)
             if v is not None and not 0.0 <= v <= 1.0:
                 raise ValueError(f"{at}.{q} is a share in [0, 1], got {v}")
