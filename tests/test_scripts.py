@@ -172,3 +172,41 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
     assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens", "RA",
                     "--params", "W_E", "--out", str(bad)]) == 2  # fmt: skip
     assert "not both" in capsys.readouterr().err and not bad.exists()
+
+
+@pytest.mark.skipif(
+    not (DEFAULT_MODEL_DIR / "model.safetensors").is_file(), reason="no default model"
+)
+def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path, capsys):
+    from probes.run import run_fit
+    from tasks.dataset import load
+    from tasks.generate import generate_dataset
+
+    pe = _script("probe_errors")
+    path = tmp_path / "dt.parquet"
+    generate_dataset("done_tracking", path, n_groups=24)
+    ds = load(path)
+    model, name = resolve_model("default")
+    r = pe.probe_errors(model, ds)
+    df = run_fit(model, name, ("done_tracking",), ("recurrent",), {"done_tracking": path},
+                 tmp_path / "fit", controls=False, per_count=False, cache_dir=None,
+                 save_probes=False)  # fmt: skip
+    cell = df[(df.depth == 0) & (df.model == "trained")].iloc[0]
+    assert r["accuracy"] == pytest.approx(cell.accuracy, abs=1e-12)
+    rows = np.flatnonzero(ds.n_distractors >= 1)
+    assert len(r["n"]) == len(rows) == 24 * 9
+    for j, i in enumerate(rows):
+        words = ds.text[i].split()
+        colon = words.index(vocab.COLON)
+        steps = [p for p, w in enumerate(words[:colon]) if w == vocab.STEP]
+        assert r["k"][j] == int(words[2][1:]) and r["s"][j] == len(steps)
+        assert r["gap"][j] == (colon - 1 - steps[-1] if steps else -1)
+        assert (ds.labels[i][0] == vocab.DONE) == (r["s"][j] >= r["k"][j])
+    # the table's rows by count add up to the probe's errors, each count's its own
+    lines = [ln.split(" | ") for ln in pe.table(r).splitlines() if ln.startswith("| n = ")]
+    per_n = {int(c[0][6:]): (int(c[1]), int(c[2])) for c in lines}
+    assert sorted(per_n) == sorted(set(r["n"].tolist()))
+    for n, (count, errs) in per_n.items():
+        assert count == (r["n"] == n).sum() and errs == (~r["correct"][r["n"] == n]).sum()
+    assert pe.main(["no/such/model"]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
