@@ -21,9 +21,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fbt_probe.registry import resolve_model  # noqa: E402
-from probes.extract import extract_features  # noqa: E402
-from probes.fit import cross_validate, grouped_splits  # noqa: E402
-from probes.run import targets_of  # noqa: E402
+from probes.extract import RESID, extract_features, parse_prefill  # noqa: E402
+from probes.fit import N_FOLDS, cross_validate, grouped_splits  # noqa: E402
+from probes.probe import probe_class  # noqa: E402
+from probes.run import Cell, cell_data, targets_of  # noqa: E402
 from tasks import vocab  # noqa: E402
 from tasks.dataset import load  # noqa: E402
 from tasks.generate import generate_dataset  # noqa: E402
@@ -41,7 +42,7 @@ def prompt_facts(tokens: np.ndarray, colon: int) -> tuple[int, int, int]:
     return k, len(steps), gap
 
 
-def probe_errors(model, ds, prefill="recurrent", depth=0, probe="logistic", seed=0, folds=5):
+def probe_errors(model, ds, prefill="recurrent", depth=0, probe="logistic", seed=0, folds=N_FOLDS):
     """``{"accuracy", "n", "k", "s", "gap", "correct"}`` over the pooled rows (n >= 1),
     ``correct`` out of fold; the accuracy is fit's pooled cell for that depth."""
     import warnings
@@ -52,9 +53,10 @@ def probe_errors(model, ds, prefill="recurrent", depth=0, probe="logistic", seed
     if ds.task != "done_tracking":
         raise ValueError(f"the dataset is {ds.task}, not done_tracking")
     feats = extract_features(model, ds, prefill)
-    m = ds.n_distractors >= 1
-    X, y, g = feats[m, depth], targets_of(ds)["label"][m], ds.group[m]
+    cell = Cell(ds.task, "label", RESID, prefill, depth)  # fit's pooled cell: counts 1..256
+    X, y, g = cell_data(cell, ds, targets_of(ds), feats, seed)
     res = cross_validate(X, y, grouped_splits(y, g, folds, seed), groups=g, probe=probe)
+    m = ds.n_distractors >= 1  # the rows cell_data keeps, in order
     facts = np.array([prompt_facts(ds.token_ids[i], ds.colon_index[i]) for i in np.flatnonzero(m)])
     return {
         "accuracy": res.accuracy, "n": ds.n_distractors[m], "k": facts[:, 0],
@@ -96,14 +98,18 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", default="logistic", help="logistic or mlp")
     a = ap.parse_args(argv)
     try:
+        probe_class(a.probe)
+        parse_prefill(a.prefill)
         model, _ = resolve_model(a.model)
+        if not 0 <= a.depth <= model.cfg.n_layers:
+            raise ValueError(f"--depth {a.depth}: the model has depths 0..{model.cfg.n_layers}")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "done_tracking.parquet"
+            generate_dataset("done_tracking", path, n_groups=a.groups)
+            r = probe_errors(model, load(path), a.prefill, a.depth, a.probe)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "done_tracking.parquet"
-        generate_dataset("done_tracking", path, n_groups=a.groups)
-        r = probe_errors(model, load(path), a.prefill, a.depth, a.probe)
     print(f"done_tracking, depth {a.depth}, {a.prefill} prefill, {a.probe} probe: "
           f"accuracy {r['accuracy']:.4f} on {len(r['n'])} prompts")  # fmt: skip
     print(table(r))

@@ -208,5 +208,6 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     assert sorted(per_n) == sorted(set(r["n"].tolist()))
     for n, (count, errs) in per_n.items():
         assert count == (r["n"] == n).sum() and errs == (~r["correct"][r["n"] == n]).sum()
-    assert pe.main(["no/such/model"]) == 1
-    assert capsys.readouterr().err.count("\n") == 1
+    for bad in (["no/such/model"], ["default", "--probe", "svm"], ["default", "--depth", "9"]):
+        assert pe.main(bad) == 1
+        assert capsys.readouterr().err.count("\n") == 1
