@@ -221,6 +221,16 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
             with bars(f"measure seed {s}") if bars else nullcontext() as bar:
                 rows[s] = seed_row(run, eval_groups, probe_groups, bar)
             atomic_write(cached, lambda tmp, r=rows[s]: Path(tmp).write_text(json.dumps(r)))
+    return write_study(rows, out)
+
+
+def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
+    """Write a study's ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
+    ``seeds.png`` into ``out`` from its rows (seed -> measured row), seeds in order."""
+    from tasks.dataset import atomic_write
+
+    rows = {s: rows[s] for s in sorted(rows)}
+    out.mkdir(parents=True, exist_ok=True)
     table = seed_table(rows)
     atomic_write(out / "seed_table.csv", lambda tmp: table.to_csv(tmp, float_format="%.4g"))
     md = markdown(with_interval_cells(table, rows).T)

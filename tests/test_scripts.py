@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +212,56 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     for bad in (["no/such/model"], ["default", "--probe", "svm"], ["default", "--depth", "9"]):
         assert pe.main(bad) == 1
         assert capsys.readouterr().err.count("\n") == 1
+
+
+def _split_study(tmp_path, seeds_per_part):
+    """The committed smear-ramp study cut into parts, one folder each."""
+    src = Path(__file__).resolve().parents[1] / "figures" / "seeds" / "smear-ramp"
+    rows = json.loads((src / "seed_rows.json").read_text())
+    parts = []
+    for i, seeds in enumerate(seeds_per_part):
+        d = tmp_path / f"part{i}"
+        d.mkdir()
+        (d / "seed_rows.json").write_text(json.dumps({s: rows[s] for s in seeds}))
+        parts.append(d)
+    return src, parts
+
+
+def test_merge_seeds_of_a_study_cut_in_parts_gives_the_studys_own_table(tmp_path, capsys):
+    merge = _script("merge_seeds")
+    src, parts = _split_study(tmp_path, [["2"], ["0", "2"]])
+    assert merge.main([str(p) for p in parts] + ["--out", str(tmp_path / "m")]) == 0
+    out = tmp_path / "m"
+    assert (out / "seed_table.md").read_text() == (src / "seed_table.md").read_text()
+    assert json.loads((out / "seed_rows.json").read_text()) == json.loads(
+        (src / "seed_rows.json").read_text()
+    )
+    assert (out / "seeds.png").stat().st_size > 0
+    assert "recipe not checked" in capsys.readouterr().out
+
+
+def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path, capsys):
+    merge = _script("merge_seeds")
+    _, (a, b) = _split_study(tmp_path, [["0"], ["2"]])
+    bad = json.loads((b / "seed_rows.json").read_text())
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "seed_rows.json").write_text(
+        json.dumps({"0": {**bad["2"], "done_tracking/standard": 0.5}})
+    )
+    assert merge.main([str(a), str(tmp_path / "c"), "--out", str(tmp_path / "m")]) == 1
+    assert "seed 0 has different rows" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    # the same recipe on two seeds merges; another recipe is refused by name
+    cfg = named_config("smeared-keys")
+    for d, s, c in ((a, 0, cfg), (b, 2, cfg)):
+        (d / f"seed-{s}").mkdir()
+        c2 = c.with_overrides({"run.seed": s, "name": f"x-seed{s}"})
+        (d / f"seed-{s}" / "train_config.json").write_text(json.dumps(c2.to_dict()))
+    assert merge.main([str(a), str(b), "--out", str(tmp_path / "m")]) == 0
+    assert "recipe not checked" not in capsys.readouterr().out
+    other = cfg.with_overrides({"run.seed": 2, "steps": 100})
+    (b / "seed-2" / "train_config.json").write_text(json.dumps(other.to_dict()))
+    assert merge.main([str(a), str(b), "--out", str(tmp_path / "m2")]) == 1
+    assert "seed-2 was trained with another recipe" in capsys.readouterr().err
+    assert merge.main([str(tmp_path / "none"), "--out", str(tmp_path / "m3")]) == 1
+    assert "no seed_rows.json" in capsys.readouterr().err
