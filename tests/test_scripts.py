@@ -215,11 +215,13 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
 
 
 def _split_study(tmp_path, seeds_per_part):
-    """The committed smear-ramp study cut into parts, one folder each."""
+    """The committed smear-ramp study cut into parts, one folder each: ``seeds_per_part``
+    picks each part's seeds from the study's seeds in order."""
     src = Path(__file__).resolve().parents[1] / "figures" / "seeds" / "smear-ramp"
     rows = json.loads((src / "seed_rows.json").read_text())
     parts = []
-    for i, seeds in enumerate(seeds_per_part):
+    for i, pick in enumerate(seeds_per_part):
+        seeds = pick(sorted(rows, key=int))
         d = tmp_path / f"part{i}"
         d.mkdir()
         (d / "seed_rows.json").write_text(json.dumps({s: rows[s] for s in seeds}))
@@ -229,7 +231,8 @@ def _split_study(tmp_path, seeds_per_part):
 
 def test_merge_seeds_of_a_study_cut_in_parts_gives_the_studys_own_table(tmp_path, capsys):
     merge = _script("merge_seeds")
-    src, parts = _split_study(tmp_path, [["2"], ["0", "2"]])
+    # the last seed alone, then every seed (the last one again, with the same row)
+    src, parts = _split_study(tmp_path, [lambda ss: ss[-1:], lambda ss: ss])
     assert merge.main([str(p) for p in parts] + ["--out", str(tmp_path / "m")]) == 0
     out = tmp_path / "m"
     assert (out / "seed_table.md").read_text() == (src / "seed_table.md").read_text()
@@ -242,7 +245,7 @@ def test_merge_seeds_of_a_study_cut_in_parts_gives_the_studys_own_table(tmp_path
 
 def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path, capsys):
     merge = _script("merge_seeds")
-    _, (a, b) = _split_study(tmp_path, [["0"], ["2"]])
+    _, (a, b) = _split_study(tmp_path, [lambda ss: ["0"], lambda ss: ["2"]])
     bad = json.loads((b / "seed_rows.json").read_text())
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "seed_rows.json").write_text(
