@@ -175,19 +175,26 @@ def plot_seeds(rows: dict[int, dict], out: Path) -> Path:
     return out / "seeds.png"
 
 
-def _same_recipe(run: Path, scfg) -> None:
-    """A finished seed is kept only if it was trained with this recipe: another recipe's run
-    in the folder would otherwise enter the table under this one's name. The name is not
-    compared (it enters no arithmetic), nor how the states were sharded."""
+def recipe_key(cfg):
+    """What makes two seeds' runs the same recipe: the config without its name (it enters no
+    arithmetic), its seed or how the states were sharded."""
     from dataclasses import replace
 
-    from fbt_probe.train import saved_train_config, without_sharding
+    from fbt_probe.train import without_sharding
+
+    return without_sharding(replace(cfg, name="", run=replace(cfg.run, seed=0)))
+
+
+def _same_recipe(run: Path, scfg) -> None:
+    """A finished seed is kept only if it was trained with this recipe: another recipe's run
+    in the folder would otherwise enter the table under this one's name."""
+    from fbt_probe.train import saved_train_config
 
     try:
         saved = saved_train_config(run)
     except (OSError, ValueError) as e:
         raise ValueError(f"{run}: cannot read the finished seed's recipe ({e})") from None
-    if without_sharding(replace(saved, name="")) != without_sharding(replace(scfg, name="")):
+    if recipe_key(saved) != recipe_key(scfg):
         raise ValueError(
             f"{run} was trained with another recipe than {scfg.name} (its train_config.json "
             "differs); use another --out"

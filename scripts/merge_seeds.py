@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,14 +38,14 @@ def load_rows(study: Path) -> dict[int, dict]:
 
 
 def recipe_of(study: Path, seed: int):
-    """The seed's recipe with seed and name blanked, or None where no run folder is kept."""
-    from fbt_probe.train import saved_train_config, without_sharding
+    """The seed's ``probes.seeds.recipe_key``, or None where no run folder is kept."""
+    from fbt_probe.train import saved_train_config
+    from probes.seeds import recipe_key
 
     run = study / f"seed-{seed}"
     if not (run / "train_config.json").is_file():
         return None
-    cfg = saved_train_config(run)
-    return without_sharding(replace(cfg, name="", run=replace(cfg.run, seed=0)))
+    return recipe_key(saved_train_config(run))
 
 
 def merge(studies: list[Path]) -> tuple[dict[int, dict], list[str]]:
@@ -78,17 +77,17 @@ def main(argv=None) -> int:
     ap.add_argument("studies", nargs="+", type=Path, help="folders holding seed_rows.json")
     ap.add_argument("--out", type=Path, required=True, help="folder for the merged study")
     a = ap.parse_args(argv)
-    from probes.seeds import markdown, with_interval_cells, write_study
+    from probes.seeds import write_study
 
     try:
         rows, unchecked = merge(a.studies)
-        table = write_study(rows, a.out)
+        write_study(rows, a.out)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if unchecked:
         print(f"recipe not checked (no run folder): {', '.join(unchecked)}")
-    print(markdown(with_interval_cells(table, rows).T))
+    print((a.out / "seed_table.md").read_text(), end="")
     print(f"wrote {a.out}/seed_table.md, seed_table.csv, seed_rows.json, seeds.png")
     return 0
 
