@@ -8,21 +8,18 @@ A k-pass forward reads the last pass's logits, as a caller of ``model(x, passes=
 does: the wrapper computes a pass's logits only when they are read (``LazyPassOutput``), so
 the head is paid once, not k times.
 
-Run: .venv/bin/python bench/hf.py   (prints a table, writes bench/hf.json)
+Run: .venv/bin/python -m bench.hf   (prints a table, writes bench/hf.json)
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import machine, table, write_json  # noqa: E402
-from fbt_probe.hf import HFFeedbackModel, hf_config_of, init_fusion, quiet  # noqa: E402
+from bench.common import machine, table, write_json
+from fbt_probe.hf import HFFeedbackModel, hf_config_of, init_fusion, quiet
 
 B, T, REPEATS = 8, 256, 15
 

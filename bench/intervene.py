@@ -2,25 +2,23 @@
 prefill) per task, and of the exact-recurrence battery on done_tracking, in units of one
 standard-prefill extraction of the same dataset, measured in the same run. Goal: <= 40.
 
-Run: .venv/bin/python bench/intervene.py [--model DIR]   (prints a table, writes
+Run: .venv/bin/python -m bench.intervene [--model DIR]   (prints a table, writes
 bench/intervene.json)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import best_of, machine, table, write_json  # noqa: E402
-from fbt_probe.registry import resolve_model  # noqa: E402
-from probes.extract import extract_features  # noqa: E402
-from probes.intervene import run_battery  # noqa: E402
-from tasks.dataset import load  # noqa: E402
-from tasks.generate import DEFAULT_SEED, generate_dataset  # noqa: E402
+from bench.common import best_of, machine, table, write_json
+from fbt_probe.registry import resolve_model
+from probes.extract import extract_features
+from probes.intervene import run_battery
+from tasks.dataset import load
+from tasks.generate import DEFAULT_SEED, generate_dataset
 
 CELLS = (("delayed_memory", "recurrent"), ("done_tracking", "recurrent"),
          ("multi_register", "recurrent"), ("done_tracking", "full"))  # fmt: skip

@@ -1,6 +1,6 @@
 """Model benchmark: multi-pass forward cost, STANDARD vs SOFT decode, colon-only cache memory.
 
-Run: .venv/bin/python bench/model.py   (prints a table, writes bench/model.json)
+Run: .venv/bin/python -m bench.model   (prints a table, writes bench/model.json)
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import best_of, machine, table, write_json  # noqa: E402
-from fbt_probe.config import FBTConfig  # noqa: E402
-from fbt_probe.decode import generate  # noqa: E402
-from fbt_probe.model import FBTModel  # noqa: E402
+from bench.common import best_of, machine, table, write_json
+from fbt_probe.config import FBTConfig
+from fbt_probe.decode import generate
+from fbt_probe.model import FBTModel
 
 B, T = 32, 260
 
@@ -73,7 +72,6 @@ def decode_rates(model, batch: int) -> dict:
 
 MEM_SCRIPT = """
 import resource, sys, torch
-sys.path.insert(0, {root!r})
 from fbt_probe.config import FBTConfig
 from fbt_probe.model import FBTModel
 torch.manual_seed(0)
@@ -97,10 +95,11 @@ def memory() -> list[dict]:
     root = str(Path(__file__).resolve().parent.parent)
     for colon in (True, False):
         out = subprocess.run(
-            [sys.executable, "-c", MEM_SCRIPT.format(root=root, colon=colon)],
+            [sys.executable, "-c", MEM_SCRIPT.format(colon=colon)],
             capture_output=True,
             text=True,
             check=True,
+            cwd=root,
         )
         base, peak, cache = (int(v) for v in out.stdout.split())
         rows.append(

@@ -1,28 +1,26 @@
 """Probe benchmark: extract + fit the whole grid (3 tasks x 3 prefills x (L+1) depths x 5 folds,
 1024 examples per task), its peak memory, and recurrent-over-standard extraction time.
 
-Run: .venv/bin/python bench/probe.py [--model DIR]   (prints a table, writes bench/probe.json)
+Run: .venv/bin/python -m bench.probe [--model DIR]   (prints a table, writes bench/probe.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import best_of, machine, table, write_json  # noqa: E402
-from fbt_probe.registry import resolve_model  # noqa: E402
-from probes.extract import extract_features  # noqa: E402
-from probes.run import run_fit  # noqa: E402
-from tasks import TASK_NAMES  # noqa: E402
-from tasks.dataset import load  # noqa: E402
-from tasks.generate import generate_dataset  # noqa: E402
+from bench.common import best_of, machine, table, write_json
+from fbt_probe.registry import resolve_model
+from probes.extract import extract_features
+from probes.run import run_fit
+from tasks import TASK_NAMES
+from tasks.dataset import load
+from tasks.generate import generate_dataset
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128 groups x 8 counts = 1024 examples per task
 

@@ -27,28 +27,22 @@ And the throughput of the same training under torch.distributed: 2 gloo processe
 thread each against one process of 2 threads, the first 200 steps of the default recipe, the
 same global batches (on 2 cores no speed-up is expected: the processes share them).
 
-Run: .venv/bin/python bench/train.py [--skip-distributed]   (prints six tables and a
+Run: .venv/bin/python -m bench.train [--skip-distributed]   (prints six tables and a
 whole-run bound, writes
 bench/train.json)
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import machine, matmul_flops, table, write_json  # noqa: E402
-from fbt_probe.model import FBTModel  # noqa: E402
-from fbt_probe.train import (  # noqa: E402
-    make_batch,
-    multipass_loss,
-    named_config,
-    plan_of,
-    warm_states,
-)
+from bench.common import machine, matmul_flops, table, write_json
+from fbt_probe.model import FBTModel
+from fbt_probe.recipes import named_config
+from fbt_probe.steps import make_batch, plan_of
+from fbt_probe.train import multipass_loss, warm_states
 
 
 def step_flops(cfg, batch) -> float:
@@ -95,7 +89,8 @@ def representative_steps(cfg, model, opt) -> dict:
     import time
 
     from fbt_probe.distributed import World
-    from fbt_probe.train import draw_step, step_parts, train_step
+    from fbt_probe.steps import draw_step, step_parts
+    from fbt_probe.train import train_step
 
     stream = cfg.stream()
     picks = [int(i * cfg.steps / SAMPLE_STEPS) for i in range(SAMPLE_STEPS)]
@@ -225,13 +220,8 @@ def warm_up_share(cfg, model) -> dict:
     import time
 
     from fbt_probe.distributed import World
-    from fbt_probe.train import (
-        draw_step,
-        example_lengths,
-        fixed_point_draw,
-        step_parts,
-        train_step,
-    )
+    from fbt_probe.steps import draw_step, example_lengths, fixed_point_draw, step_parts
+    from fbt_probe.train import train_step
 
     stream = cfg.stream()  # which steps are fixed-point ones, without drawing their examples
     fp = [s for s in range(cfg.steps) if fixed_point_draw(cfg, s, plan_of(cfg, s).fixed_point)]

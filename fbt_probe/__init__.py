@@ -1,3 +1,3 @@
 """fbt-probe: full-bandwidth transformers with per-pass caches, training and decoding."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -64,7 +64,7 @@ def memory_per_rank(n_params: int, world_size: int, sharded: bool) -> dict[str, 
 
 def dry_run(cfg, world_size: int = 8) -> str:
     """The report ``fbt-probe train --dry-run`` prints for a recipe (``TrainConfig``)."""
-    from fbt_probe.train import plan_of
+    from fbt_probe.steps import plan_of
 
     m = cfg.model
     n = count_on_meta(m)

@@ -1,10 +1,7 @@
-"""Decoding with a KV cache in the paper's three modes, plus full-recurrence prefill.
-
-- ``standard``: plain prefill, plain embeddings while generating.
-- ``soft``: plain prefill; each generated token is fused with the previous step's top state.
-- ``fused``: soft, plus one extra fused prefill pass over the prompt (pass 2) first.
-- ``full``: the prompt runs through the exact sequential recurrence, then soft.
-The KV cache layout is the ordinary one; soft costs two extra D x D matmuls a token.
+"""Decoding with a KV cache in the paper's modes (``fbt_probe.prefill.MODES``): the prompt
+runs under the mode's prefill, then each generated token runs on its plain embedding
+(``standard``) or fused with the previous step's top state (``soft``, ``fused``, ``full``).
+The KV cache layout is the ordinary one; a fused step costs two extra D x D matmuls.
 """
 
 from __future__ import annotations
@@ -13,25 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fbt_probe.model import FBTModel, KVCache, PassOutput
-from fbt_probe.recurrence import run_recurrence
-
-MODES = ("standard", "soft", "fused", "full")
-
-
-def prefill(model: FBTModel, prompt: torch.Tensor, mode: str, cache: KVCache) -> PassOutput:
-    """Fill ``cache`` with the prompt (batch, pos) as ``mode`` reads it."""
-    if mode not in MODES:
-        raise ValueError(f"unknown decoding mode {mode!r}; choose from {', '.join(MODES)}")
-    if mode == "full":
-        return run_recurrence(model, prompt, cache=cache)
-    model.set_context(0, None, 0)
-    emb = model.embed(prompt)
-    if mode in ("standard", "soft"):
-        return model.feedback_pass(emb, cache=cache)
-    first = model.feedback_pass(emb)
-    plain = model.plain_mask(prompt.shape[0], prompt.shape[1], None, prompt.device)
-    return model.feedback_pass(emb, first.states, plain=plain, cache=cache, pass_index=1)
+from fbt_probe.model import FeedbackModel
+from fbt_probe.prefill import DecodeMode, decode_mode
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
@@ -44,9 +24,9 @@ def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(
-    model: FBTModel,
+    model: FeedbackModel,
     prompt: torch.Tensor,
-    mode: str = "soft",
+    mode: str | DecodeMode = "soft",
     max_new_tokens: int = 1,
     temperature: float = 0.0,
     seed: int | None = None,
@@ -61,17 +41,18 @@ def generate(
         raise ValueError("prompt must be a non-empty (batch, pos) tensor")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    mode = decode_mode(mode)
     B, T = prompt.shape
     gen = torch.Generator(device=prompt.device).manual_seed(seed) if seed is not None else None
     cache = model.new_cache(B, T + max_new_tokens - 1, device=prompt.device)
-    out = prefill(model, prompt, mode, cache)
+    out = mode.prefill.run(model, prompt, cache).out
     h = out.states[:, -1:]  # (batch, 1, d_model)
     tok = _pick(out.logits[:, -1], temperature, gen)
     new, states = [tok], [h]
     for i in range(max_new_tokens - 1):
         model.set_context(None, T + i, T + i)
         e = model.embed(tok[:, None])
-        carry = None if mode == "standard" else h  # soft: fused with the previous step's state
+        carry = h if mode.soft else None  # fused with the previous step's state
         out = model.feedback_pass(
             e, carry=carry, offset=T + i, cache=cache, pass_index=None, step=T + i
         )
@@ -85,9 +66,9 @@ def generate(
 
 @torch.no_grad()
 def generate_ragged(
-    model: FBTModel,
+    model: FeedbackModel,
     prompts: Sequence[Sequence[int]],
-    mode: str = "soft",
+    mode: str | DecodeMode = "soft",
     max_new_tokens: int = 1,
     batch_size: int = 256,
 ) -> list[list[int]]:

@@ -62,6 +62,16 @@ def rank_device(device: torch.device, world: World) -> torch.device:
     return device
 
 
+def place(device: str) -> tuple[torch.device, World]:
+    """``--device`` checked, and this process's rank: under torchrun each rank of a machine
+    takes its own GPU; a single process is rank 0 of 1."""
+    from fbt_probe.device import resolve_device
+
+    dev = resolve_device(device)
+    world = world_from_env(dev)
+    return rank_device(dev, world), world
+
+
 def rows(n: int, part: int, parts: int) -> tuple[int, int]:
     """The contiguous rows [start, stop) of part ``part`` when ``n`` rows are split in
     ``parts`` as evenly as they go (the first ones one longer)."""

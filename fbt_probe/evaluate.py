@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fbt_probe.decode import MODES, generate_ragged
-from fbt_probe.model import FBTModel
+from fbt_probe.decode import generate_ragged
+from fbt_probe.model import FeedbackModel
+from fbt_probe.prefill import MODES, decode_mode
 from tasks import TASK_NAMES, get_task, vocab
-from tasks.base import DEFAULT_DISTRACTORS
+from tasks.base import DEFAULT_DISTRACTORS, POOLED
 
 STREAM_HELDOUT = 3  # held-out evaluation: a seed stream of its own, never trained or probed on
 EVAL_SEED = 4321
@@ -54,9 +55,9 @@ def unscorable(task: str, encoding, n_groups: int = 8) -> str | None:
 
 @torch.no_grad()
 def evaluate(
-    model: FBTModel,
+    model: FeedbackModel,
     tasks: tuple[str, ...] = TASK_NAMES,
-    modes: tuple[str, ...] = MODES,
+    modes: tuple[str, ...] = tuple(MODES),
     n_groups: int = 48,
     distractors=DEFAULT_DISTRACTORS,
     seed: int = EVAL_SEED,
@@ -69,8 +70,7 @@ def evaluate(
     ``per_register[task][mode][i]`` is the pooled accuracy of label i (register i's value).
     """
     for m in modes:
-        if m not in MODES:
-            raise ValueError(f"unknown decoding mode {m!r}; choose from {', '.join(MODES)}")
+        decode_mode(m)
     model.eval()
     summary: dict = {}
     per_reg: dict = {}
@@ -89,7 +89,7 @@ def evaluate(
             word_ok = same[np.arange(len(exs))[:, None], label_at]
             ok = same.all(axis=1)
             pooled = counts >= 1
-            row = {"1-256": float(ok[pooled].mean()) if pooled.any() else float("nan")}
+            row = {POOLED: float(ok[pooled].mean()) if pooled.any() else float("nan")}
             for n in sorted(set(counts.tolist())):
                 row[str(n)] = float(ok[counts == n].mean())
             summary[task][mode] = row
@@ -100,3 +100,54 @@ def evaluate(
             if progress is not None:
                 progress(done, total, f"{task} {mode}")
     return summary, per_reg
+
+
+def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",".join(MODES),
+                   n_groups: int = 48, seed: int = EVAL_SEED, device: str = "cpu",
+                   progress=None):  # fmt: skip
+    """``fbt-probe eval``: the model ``model`` names on ``task`` (a name, a comma-separated list
+    or 'all': every task its tokenizer can score) in each decoding mode of ``modes``.
+    Returns (model name, summary, per_register, {skipped task: why})."""
+    from fbt_probe.device import resolve_device
+    from fbt_probe.hf import require_tokenizer
+    from fbt_probe.registry import resolve_model
+    from tasks import task_names
+    from tasks.generate import check_memory
+
+    task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    for t in task_list:
+        get_task(t)
+    if n_groups < 5:
+        raise ValueError("--n-groups must be at least 5")
+    check_memory(n_groups, DEFAULT_DISTRACTORS)  # the held-out set is built whole
+    if seed < 0:
+        raise ValueError("--seed must be >= 0")
+    mode_list = tuple(m.strip() for m in modes.split(","))
+    for m in mode_list:
+        decode_mode(m)
+    m, name = resolve_model(model, resolve_device(device))
+    require_tokenizer(m)
+    skipped = {}
+    if task == "all":  # every task this model's tokenizer can score; the others named
+        why = {t: unscorable(t, getattr(m, "encoding", None)) for t in task_list}
+        skipped = {t: w for t, w in why.items() if w}
+        task_list = tuple(t for t in task_list if not why[t])
+        if not task_list:
+            raise ValueError("this model's tokenizer can score none of the tasks")
+    summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, seed=seed,
+                                progress=progress)  # fmt: skip
+    return name, summary, per_reg, skipped
+
+
+def format_eval(name: str, summary: dict, per_reg: dict) -> str:
+    """The table ``fbt-probe eval`` prints: per task, a row per mode, pooled and per count."""
+    lines = [f"model: {name}  (exact-match answer accuracy; {POOLED} = pooled over counts 1..256)"]
+    for task, by_mode in summary.items():
+        counts = [k for k in next(iter(by_mode.values())) if k != POOLED]
+        lines += ["", task, "  mode      " + f"{POOLED:<7}" + " ".join(f"{c:>5}" for c in counts)]
+        for mode, row in by_mode.items():
+            regs = per_reg[task][mode]
+            extra = "  per register: " + " ".join(f"{a:.3f}" for a in regs) if len(regs) > 1 else ""
+            lines.append(f"  {mode:<8} {row[POOLED]:.3f}  "
+                         + " ".join(f"{row[c]:.3f}"[-5:] for c in counts) + extra)  # fmt: skip
+    return "\n".join(lines)

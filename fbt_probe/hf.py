@@ -28,7 +28,7 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import FUSIONS
 from fbt_probe.fusion import Fusion
-from fbt_probe.model import FeedbackModel, LazyPassOutput, PassOutput
+from fbt_probe.model import FeedbackModel, LazyPassOutput, PassOutput, check_context
 
 FUSION_CONFIG = "fusion_config.json"
 FUSION_WEIGHTS = "fusion.safetensors"
@@ -113,7 +113,6 @@ class HFFeedbackModel(FeedbackModel):
             layer.register_forward_hook(_post_hook(hooks.hook_resid_post))
         self._final_norm.register_forward_hook(_post_hook(self.ln_final.hook_normalized))
         self.context = {"pass": 0, "step": None, "offset": 0}
-        self.jitter_rows = None
         self.setup()
         self._hook_points = list(self.hook_dict.values())
 
@@ -128,10 +127,7 @@ class HFFeedbackModel(FeedbackModel):
         """An empty Hugging Face KV cache (grows as positions are added)."""
         from transformers import DynamicCache
 
-        if max_len > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence of {max_len} tokens exceeds the context length {self.cfg.n_ctx}"
-            )
+        check_context(max_len, self.cfg.n_ctx)
         return DynamicCache(config=self.hf.config)
 
     def snapshot_cache(self, cache):
@@ -151,10 +147,7 @@ class HFFeedbackModel(FeedbackModel):
         if from_layer:
             raise ValueError("a Hugging Face model runs its stack whole (from_layer must be 0)")
         T = x.shape[1]
-        if offset + T > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence of {offset + T} tokens exceeds the context length {self.cfg.n_ctx}"
-            )
+        check_context(offset + T, self.cfg.n_ctx)
         if cache is not None:
             have = cache.get_seq_length()
             if have > offset:  # a negative count removes that many (old and new transformers)
@@ -184,6 +177,13 @@ def _post_hook(hp: HookPoint):
         return hp(output)
 
     return hook
+
+
+def require_tokenizer(model) -> None:
+    """A Hugging Face model reads tasks through its tokenizer: refuse one without any (before
+    a dataset is generated for it)."""
+    if isinstance(model, HFFeedbackModel) and model.encoding is None:
+        raise ValueError(f"{model.source} has no tokenizer: save one beside the model")
 
 
 # ---- folders -------------------------------------------------------------------------------
@@ -245,7 +245,6 @@ def load_hf(
 ) -> HFFeedbackModel:
     """A model folder (``save_pretrained`` plus, if present, the fusion files) as an
     ``HFFeedbackModel`` in eval mode. Without fusion files: a fresh fusion (upcycling)."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -286,23 +285,30 @@ def load_hf(
         encoding = TokenizerEncoding.from_folder(path)
     model = HFFeedbackModel(hf, cfg, encoding, str(path))
     if fw_path.is_file():
-        try:
-            weights = load_file(str(fw_path))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
-            raise ValueError(f"{fw_path} cannot be read ({str(e).splitlines()[0]})") from None
-        mine = model.fusion.state_dict()
-        bad = sorted(set(weights) ^ set(mine)) or [
-            k for k in mine if tuple(weights[k].shape) != tuple(mine[k].shape)
-        ]
-        if bad or saved.get("d_model") != cfg.d_model:
-            raise ValueError(
-                f"{fw_path} does not match {FUSION_CONFIG} and the model "
-                f"(fusion {cfg.fusion!r}, d_model {cfg.d_model}; mismatched: {', '.join(bad) or 'd_model'})"
-            )
-        model.fusion.load_state_dict(weights)
+        load_fusion(model, fw_path, saved.get("d_model"))
     else:
         init_fusion(model, seed)
     return model.to(device).eval()
+
+
+def load_fusion(model: HFFeedbackModel, path: Path, d_model) -> None:
+    """The saved fusion weights into ``model``, checked against its fusion and width."""
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+        raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
+    mine, cfg = model.fusion.state_dict(), model.cfg
+    bad = sorted(set(weights) ^ set(mine)) or [
+        k for k in mine if tuple(weights[k].shape) != tuple(mine[k].shape)
+    ]
+    if bad or d_model != cfg.d_model:
+        raise ValueError(
+            f"{path} does not match {FUSION_CONFIG} and the model "
+            f"(fusion {cfg.fusion!r}, d_model {cfg.d_model}; mismatched: {', '.join(bad) or 'd_model'})"
+        )
+    model.fusion.load_state_dict(weights)
 
 
 def copy_hf(model: HFFeedbackModel, dtype=None) -> HFFeedbackModel:
@@ -336,7 +342,7 @@ def save_hf(
     or not at all (a full disk leaves the folder that was there)."""
     from safetensors.torch import save_file
 
-    from tasks.dataset import atomic_folder
+    from tasks.files import atomic_folder
 
     out = Path(out)
     quiet()

@@ -1,7 +1,7 @@
 """Hooks that know their pass: restrict any TransformerLens hook function to chosen passes,
 recurrence steps and positions.
 
-Every forward of an ``FBTModel`` (Jacobi passes, the sequential recurrence, decoding) fills
+Every forward of a ``FeedbackModel`` (Jacobi passes, the sequential recurrence, decoding) fills
 ``hook.ctx`` before each pass: ``"pass"`` (0 = pass 1, None outside Jacobi passes),
 ``"step"`` (the position the recurrence or the decoder computes, None in Jacobi passes) and
 ``"offset"`` (the first position of the tensor the hook sees). ``at`` reads them::
@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+
+from fbt_probe.positions import put, select_positions, take
 
 
 def _as_set(x) -> set | None:
@@ -52,27 +54,14 @@ def at(
             return None
         if positions is None:
             return fn(tensor, hook)
-        pos_dim = 2 if hook.name.endswith("hook_pattern") else 1
-        B, T = tensor.shape[0], tensor.shape[pos_dim]
-        pos = torch.as_tensor(positions, device=tensor.device).long()
-        if isinstance(positions, torch.Tensor) and pos.ndim in (1, 2) and pos.shape[0] == B:
-            pos = pos.view(B, -1)  # per example
-        else:
-            pos = pos.view(1, -1).expand(B, -1)  # the same positions in every example
-        rel = pos - int(ctx.get("offset", 0))
-        ok = (rel >= 0) & (rel < T)
-        if not bool(ok.any()):
+        b, _, src = select_positions(tensor, hook, positions)
+        if len(b) == 0:
             return None
         new = fn(tensor.clone(), hook)
         if new is None:
             return None
-        b, j = ok.nonzero(as_tuple=True)
         out = tensor.clone()
-        src = rel[b, j]
-        if pos_dim == 1:
-            out[b, src] = new[b, src]
-        else:
-            out[b, :, src] = new[b, :, src]
+        put(out, hook, b, src, take(new, hook, b, src))
         return out
 
     return hook

@@ -25,7 +25,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,21 +33,26 @@ from transformer_lens.hook_points import HookPoint
 
 from fbt_probe.config import FBTConfig
 from fbt_probe.fusion import Fusion, RMSNorm
+from fbt_probe.positions import pos_dim, put, select_positions, take
+
+
+def check_context(n_tokens: int, n_ctx: int) -> None:
+    """Refuse a sequence longer than the model's context: the one check every path makes."""
+    if n_tokens > n_ctx:
+        raise ValueError(f"sequence of {n_tokens} tokens exceeds the context length {n_ctx}")
 
 
 class KVCache:
     """Keys and values of every layer for positions [0, length), preallocated to ``max_len``."""
 
     def __init__(self, cfg: FBTConfig, batch: int, max_len: int, device=None, dtype=torch.float32):
-        if max_len > cfg.n_ctx:
-            raise ValueError(f"sequence of {max_len} tokens exceeds the context length {cfg.n_ctx}")
+        check_context(max_len, cfg.n_ctx)
         shape = (cfg.n_layers, batch, cfg.n_heads, max_len, cfg.d_head)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         # smeared keys: the unsmeared key of the last cached position is needed for the next
         self.k_raw = torch.zeros(shape, device=device, dtype=dtype) if cfg.smear_keys else None
         self.length = 0
-        self.max_len = max_len
 
 
 def rotary_tables(cfg: FBTConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,14 +82,13 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.empty(d, h * dh))
         if self.smears:  # per head; set by ``init_weights`` (FBTConfig.smear_spread)
             self.smear = nn.Parameter(torch.zeros(h))
-        self.smear_share = 1.0  # set by training only (FBTModel.smear_scale); not saved
+            self.hook_smear = HookPoint()  # (head,): each head's weight on its own key
         self.hook_q = HookPoint()  # (batch, pos, head, d_head)
         self.hook_k = HookPoint()  # (batch, pos, head, d_head)
         self.hook_v = HookPoint()  # (batch, pos, head, d_head)
-        self.hook_pattern = (
-            HookPoint()
-        )  # (batch, head, query_pos, key_pos); computed only if hooked
-        self.hook_pattern.pos_dim = 2
+        # (batch, head, query_pos, key_pos); computed only if hooked
+        self.hook_pattern = HookPoint()
+        self.hook_pattern.pos_dim = 2  # its query positions: fbt_probe.positions reads it
         self.hook_z = HookPoint()  # (batch, pos, head, d_head)
 
     def forward(self, x, rope, offset: int, cache: KVCache | None, layer: int) -> torch.Tensor:
@@ -117,7 +120,7 @@ class Attention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:
             # one query (the recurrence, decoding): two small matmuls beat the flash kernel,
-            # whose per-block overhead dominates at d_head 8 (1.3-2x at 20-280 keys)
+            # whose per-block overhead dominates a query of small heads (bench/model.py)
             z = ((q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).softmax(-1) @ v
         else:
             keep = (
@@ -145,9 +148,7 @@ class Attention(nn.Module):
         if cache is not None:
             cache.k_raw[layer, :, :, offset : offset + T] = k
         prev = torch.cat([first, kf[:, :-1]], dim=1)
-        a = torch.sigmoid(self.smear)
-        if self.smear_share != 1.0:  # the schedule's ``smear`` below 1: part of the way plain
-            a = 1.0 - self.smear_share * (1.0 - a)
+        a = self.hook_smear(torch.sigmoid(self.smear))
         a = a.repeat_interleave(dh)
         return torch.lerp(prev, kf, a).view(B, T, H, dh).transpose(1, 2)
 
@@ -241,40 +242,6 @@ class MultiPassOutput:
         return self.passes[-1].states
 
 
-class JitterNoise:
-    """The jitter noise of one training step: for pass k and row r of the step's batch, a
-    uniform (length, d_model) tensor from a generator of its own, seeded by (seed, k, r).
-    The noise an example gets depends only on the step, the pass, its row and the position,
-    never on how the batch is split (length buckets, ranks, micro-batches); a rank draws
-    only its own rows."""
-
-    def __init__(self, seed: int, length: int, d_model: int, device=None):
-        self.seed, self.shape, self.device = seed, (length, d_model), device
-        # pass k -> (rows drawn so far, a buffer of the batch's rows); drawn straight into
-        # the buffer and read with one gather (stacking per-row tensors was the slow part)
-        self._passes: dict[int, tuple[set[int], torch.Tensor]] = {}
-
-    def take(self, k: int, rows: torch.Tensor, length: int) -> torch.Tensor:
-        """(len(rows), length, d_model): pass k's noise at batch rows ``rows``."""
-        idx = rows.tolist()
-        need = max(idx) + 1
-        drawn, buf = self._passes.get(k, (set(), None))
-        if buf is None or buf.shape[0] < need:  # rows are never beyond the step's batch
-            grown = torch.empty((need, *self.shape), device=self.device)
-            if buf is not None:
-                grown[: buf.shape[0]] = buf
-            buf = grown
-        for r in idx:
-            if r not in drawn:
-                lo, hi = np.random.SeedSequence([self.seed, k, r]).generate_state(2)
-                g = torch.Generator(device=self.device)
-                g.manual_seed(int(hi) << 31 | int(lo) >> 1)
-                torch.rand(self.shape, generator=g, device=self.device, out=buf[r])
-                drawn.add(r)
-        self._passes[k] = (drawn, buf)
-        return buf[rows.to(buf.device), :length]
-
-
 class FeedbackModel(HookedRootModule):
     """What every full-bandwidth model shares: the fusion of the fed-back state
     (``feedback_pass``, the one place where states are shifted and fused), the multi-pass
@@ -314,18 +281,8 @@ class FeedbackModel(HookedRootModule):
         """
         if self.cfg.fusion == "none":
             return emb
-        if self.training and self.cfg.jitter > 0:
-            prev_states = prev_states + (self._jitter_noise(prev_states) * 2 - 1) * self.cfg.jitter
         fused = self.fusion(prev_states, emb)
         return fused if plain is None else torch.where(plain[..., None], emb, fused)
-
-    def _jitter_noise(self, x: torch.Tensor) -> torch.Tensor:
-        """Uniform [0, 1) noise shaped like x: under ``jitter_rows`` (training) the rows and
-        positions x holds of the step's noise for this pass, else fresh noise."""
-        if self.jitter_rows is None:
-            return torch.rand_like(x)
-        noise, rows = self.jitter_rows
-        return noise.take(self.context["pass"] or 0, rows, x.shape[1]).to(x.dtype)
 
     def feedback_pass(
         self,
@@ -478,8 +435,6 @@ class FBTModel(FeedbackModel):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.context = {"pass": 0, "step": None, "offset": 0}  # what the hooks are firing for
-        # training: the step's jitter noise and the rows of it this forward's batch holds
-        self.jitter_rows: tuple[JitterNoise, torch.Tensor] | None = None
         self.init_weights(seed)
         self.setup()
         self._hook_points = list(self.hook_dict.values())
@@ -499,12 +454,6 @@ class FBTModel(FeedbackModel):
                     )
                 else:  # W_E too: tied, so a large init would make every token predict itself
                     p.normal_(0.0, std, generator=g)
-
-    def smear_scale(self, share: float) -> None:
-        """Apply ``share`` of each smeared head's previous-key weight (0: plain keys, 1: the
-        learned weight, the only value a saved model uses): the schedule's ``smear``."""
-        for b in self.blocks:
-            b.attn.smear_share = float(share)
 
     @property
     def rope(self):
@@ -541,10 +490,7 @@ class FBTModel(FeedbackModel):
 
         ``from_layer`` > 0: x is the input of that block and the blocks below are skipped
         (an intervention at that depth re-runs only what it can change)."""
-        if offset + x.shape[1] > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence of {offset + x.shape[1]} tokens exceeds the context length {self.cfg.n_ctx}"
-            )
+        check_context(offset + x.shape[1], self.cfg.n_ctx)
         rope = self.rope
         for block in self.blocks[from_layer:]:
             x = block(x, rope, offset, cache)
@@ -559,7 +505,7 @@ class PositionCapture:
 
     def __init__(
         self,
-        model: FBTModel,
+        model: FeedbackModel,
         names_filter,
         positions: torch.Tensor | None,
         n_passes: int,
@@ -597,42 +543,33 @@ class PositionCapture:
                 return
             k = 0
         t = tensor.detach()
-        pos_dim = 2 if name.endswith("hook_pattern") else 1
         if self.positions is None:
             self.store[k].setdefault(name, []).append(t)
             return
-        if name.endswith("hook_pattern") and t.shape[2] != t.shape[3]:
+        if pos_dim(hook) != 1 and t.shape[2] != t.shape[3]:
             raise ValueError(
                 "hook_pattern at chosen positions is only available in multi-pass forwards"
             )
-        pos = self.positions.to(t.device)
-        idx = pos - self.model.context["offset"]
-        ok = (idx >= 0) & (idx < t.shape[pos_dim])
         buf = self.store[k].get(name)
         if buf is None:
             shape = list(t.shape)
-            shape[pos_dim] = pos.shape[1]
+            shape[pos_dim(hook)] = self.positions.shape[1]
             buf = torch.zeros(shape, dtype=t.dtype, device=t.device)
             self.store[k][name] = buf
-        b_i, j_i = ok.nonzero(as_tuple=True)
-        if len(b_i) == 0:
-            return
-        src = idx[b_i, j_i]
-        if pos_dim == 1:
-            buf[b_i, j_i] = t[b_i, src]
-        else:
-            buf[b_i, :, j_i] = t[b_i, :, src]
+        b, j, src = select_positions(t, hook, self.positions.to(t.device))
+        if len(b):
+            put(buf, hook, b, j, take(t, hook, b, src))
 
     def caches(self) -> list[ActivationCache]:
         out = []
         for d in self.store:
             final = {}
             for name, v in d.items():
+                axis = pos_dim(self.model.hook_dict[name])
                 if isinstance(v, list):
-                    pos_dim = 2 if name.endswith("hook_pattern") else 1
-                    v = v[0] if len(v) == 1 else torch.cat(v, dim=pos_dim)
+                    v = v[0] if len(v) == 1 else torch.cat(v, dim=axis)
                 elif self.squeeze:
-                    v = v.select(2 if name.endswith("hook_pattern") else 1, 0)
+                    v = v.select(axis, 0)
                 final[name] = v
             out.append(ActivationCache(final, self.model))
         return out

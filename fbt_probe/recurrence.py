@@ -8,14 +8,14 @@ from collections.abc import Callable, Sequence
 import torch
 from transformer_lens import ActivationCache
 
-from fbt_probe.model import FBTModel, KVCache, PassOutput, PositionCapture
+from fbt_probe.model import FeedbackModel, PassOutput, PositionCapture
 
 
 def run_recurrence(
-    model: FBTModel,
+    model: FeedbackModel,
     tokens: torch.Tensor,
     prefix_len=None,
-    cache: KVCache | None = None,
+    cache=None,
 ) -> PassOutput:
     """tokens (batch, pos) -> logits (batch, pos, d_vocab) and states (batch, pos, d_model).
 
@@ -34,10 +34,10 @@ def run_recurrence(
 
 
 def recurrence_steps(
-    model: FBTModel,
+    model: FeedbackModel,
     emb: torch.Tensor,
     plain: torch.Tensor,
-    cache: KVCache,
+    cache,
     start: int = 0,
     carry: torch.Tensor | None = None,
 ) -> PassOutput:
@@ -64,7 +64,7 @@ def recurrence_steps(
 
 
 def run_recurrence_with_cache(
-    model: FBTModel,
+    model: FeedbackModel,
     tokens: torch.Tensor,
     names_filter: str | Sequence[str] | Callable[[str], bool] | None = None,
     positions: torch.Tensor | None = None,

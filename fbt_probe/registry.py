@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbt_probe.checkpoint import load_model
-from fbt_probe.model import FBTModel
+from fbt_probe.model import FBTModel, FeedbackModel
 
 DEFAULTS = Path(__file__).resolve().parent / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
 
 
-def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FBTModel, str]:
+def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FeedbackModel, str]:
     """``default`` (or None) -> the packaged default; otherwise a model folder (a training
     run folder works too: its ``model/`` subfolder is used). Returns (model on ``device``,
     description)."""
@@ -37,7 +37,7 @@ def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FBTModel, str]
     return load_model(path, device), str(path)
 
 
-def random_init_like(model: FBTModel, seed: int = 0) -> FBTModel:
+def random_init_like(model: FeedbackModel, seed: int = 0) -> FeedbackModel:
     """A random-init model of the same config: the control every probe is compared to."""
     from fbt_probe.hf import HFFeedbackModel, random_init_hf
 

@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tasks.base import MAX_DISTRACTORS
+
 QUANTITIES = ("tasks", "passes", "n_max", "frozen", "overwrites", "fixed_point", "soft", "smear")
 RAMPABLE = ("tasks", "passes", "n_max", "overwrites", "fixed_point", "soft", "smear")
 # what a quantity is before any phase sets it (tasks, passes and n_max must be set)
 UNSET = {"frozen": (), "overwrites": None, "fixed_point": 0.0, "soft": 0.0, "smear": 1.0}
-MAX_COUNT = 256  # the largest distractor count any task renders
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,8 @@ def validate(phases, where: str = "schedule") -> None:
             not p.passes or any(w < 0 for w in p.passes) or sum(p.passes) <= 0
         ):
             raise ValueError(f"{at}.passes needs non-negative weights of 1, 2, ... passes")
-        if p.n_max is not None and not 0 <= p.n_max <= MAX_COUNT:
-            raise ValueError(f"{at}.n_max must be in 0..{MAX_COUNT}, got {p.n_max}")
+        if p.n_max is not None and not 0 <= p.n_max <= MAX_DISTRACTORS:
+            raise ValueError(f"{at}.n_max must be in 0..{MAX_DISTRACTORS}, got {p.n_max}")
         if p.frozen is not None and not all(isinstance(f, str) and f for f in p.frozen):
             raise ValueError(f"{at}.frozen is a list of parameter-name prefixes")
         if p.overwrites is not None and not 0 <= p.overwrites <= 8:
@@ -145,7 +146,9 @@ def validate(phases, where: str = "schedule") -> None:
         raise ValueError(f"{where}: the last phase must end at 1 (until = 1.0)")
     last = [p.smear for p in phases if p.smear is not None]
     if last and last[-1] != 1.0:  # the saved model applies the learned share in full
-        raise ValueError(f"{where}: smear must end at 1 (the last phase setting it has {last[-1]:g})")
+        raise ValueError(
+            f"{where}: smear must end at 1 (the last phase setting it has {last[-1]:g})"
+        )
 
 
 def _value(phases, i: int, q: str, progress: float, names: list[str], n_passes: int):
@@ -213,7 +216,9 @@ def table(phases) -> str:
             s = f"{v:g}"
         return f"→ {s}" if q in p.ramp else s
 
-    shown = [q for q in QUANTITIES if q in ("tasks", "passes", "n_max") or any(p.sets(q) for p in phases)]
+    shown = [
+        q for q in QUANTITIES if q in ("tasks", "passes", "n_max") or any(p.sets(q) for p in phases)
+    ]
     head = ["phase", "until", *shown, "why"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     prev = 0.0

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.decode import generate
-from fbt_probe.model import FBTModel
+from fbt_probe.model import FBTModel, FeedbackModel, check_context
 
 
 @dataclass
-class Batch:
+class HeldoutBatch:
     tokens: torch.Tensor  # (batch, pos), right-padded
     targets: torch.Tensor  # (batch, pos), -100 where none
     answer: torch.Tensor  # (batch, pos) bool
@@ -32,24 +32,26 @@ def heldout_batch(
     n_groups: int = 16,
     distractors=(1, 4, 16, 64, 128, 256),
     encoding=None,
-) -> Batch:
+) -> HeldoutBatch:
     """Held-out examples of ``tasks``, encoded with ``encoding`` (a model's tokenizer) or
     the word vocabulary."""
     from fbt_probe.evaluate import heldout_examples
-    from fbt_probe.train import make_batch
+    from fbt_probe.steps import make_batch
 
     exs = [ex for t in tasks for ex in heldout_examples(t, n_groups, distractors)]
     b = make_batch(exs, encoding=encoding)
     valid = torch.arange(b.tokens.shape[1])[None, :] < b.lengths[:, None]
-    return Batch(b.tokens, b.targets, b.answer, valid)
+    return HeldoutBatch(b.tokens, b.targets, b.answer, valid)
 
 
-def _feedback_step(model: FBTModel, states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor):
+def _feedback_step(
+    model: FeedbackModel, states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor
+):
     """One pass: previous top states (batch, pos, d_model) -> this pass's output."""
     return model.feedback_pass(emb, states, plain=plain, pass_index=None)
 
 
-def float64_copy(model: FBTModel) -> FBTModel:
+def float64_copy(model: FeedbackModel) -> FeedbackModel:
     from fbt_probe.hf import HFFeedbackModel, copy_hf
 
     if isinstance(model, HFFeedbackModel):
@@ -60,7 +62,7 @@ def float64_copy(model: FBTModel) -> FBTModel:
 
 
 def lipschitz_estimate(
-    m: FBTModel, states, emb, plain, valid, iters: int = 8, seed: int = 0
+    m: FeedbackModel, states, emb, plain, valid, iters: int = 8, seed: int = 0
 ) -> float:
     """Largest singular value of the pass-to-pass Jacobian at ``states``, by power iteration
     on JᵀJ: Jv by central differences, Jᵀu by autograd. ``m`` is a float64 copy of the model
@@ -94,8 +96,8 @@ def lipschitz_estimate(
 
 @torch.no_grad()
 def jacobi_trajectory(
-    model: FBTModel,
-    batch: Batch,
+    model: FeedbackModel,
+    batch: HeldoutBatch,
     passes: int = 30,
     lipschitz_at: tuple[int, ...] = (2, 3, 5, 10, 30),
     lipschitz_examples: int = 4,
@@ -178,17 +180,14 @@ def verdict(rows: list[dict]) -> str:
 
 @torch.no_grad()
 def long_soft_decoding(
-    model: FBTModel,
+    model: FeedbackModel,
     prompt: torch.Tensor,
     n_tokens: int = 1000,
     seed: int = 0,
     temperature: float = 1.0,
 ) -> list[dict]:
     """Generate ``n_tokens`` in SOFT mode (sampled); per step the norm of h and its change."""
-    if prompt.shape[1] + n_tokens - 1 > model.cfg.n_ctx:
-        raise ValueError(
-            f"{prompt.shape[1]} + {n_tokens} tokens exceed the context length {model.cfg.n_ctx}"
-        )
+    check_context(prompt.shape[1] + n_tokens - 1, model.cfg.n_ctx)
     toks, states = generate(
         model,
         prompt,

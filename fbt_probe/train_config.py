@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-from fbt_probe import migrate
 from fbt_probe.config import FBTConfig, typed_fields
 from fbt_probe.schedule import QUANTITIES, RAMPABLE, Phase, task_names, validate
 from tasks import get_task
@@ -165,6 +164,24 @@ GROUPS = {
 }
 
 
+# keys that only the flat format of fbt-probe 0.1 had (the grouped format nests its settings)
+FLAT_KEYS = frozenset({
+    "pass_mix", "pass_mix_late", "single_pass_frac", "mix_ramp_frac", "mixture", "mixture_start",
+    "mixture_first", "curriculum_start", "curriculum_end", "curriculum_dist", "fp_prob", "fp_warm",
+    "fp_start", "deep_batch_passes", "overwrite_ramp", "freeze",
+})  # fmt: skip
+
+
+def refuse_flat(d: dict, what: str = "this config") -> None:
+    """One line for a config in the flat format of fbt-probe 0.1, which 0.2 no longer reads."""
+    flat = sorted(FLAT_KEYS & set(d)) if "schedule" not in d else []
+    if flat:
+        raise ValueError(
+            f"{what} is in the flat format of fbt-probe 0.1 ({flat[0]}, ...), which fbt-probe "
+            "0.2 no longer reads: write it as a recipe of groups and phases (docs/training.md)"
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A training recipe: the model, how long, the loss, the data, the schedule of phases,
@@ -231,11 +248,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """Read a config dict: today's grouped format, or (through ``fbt_probe.migrate``) the
-        flat format of fbt-probe 0.1. Missing fields take the code defaults; an unknown key
-        or a wrongly typed value is a one-line ValueError that names it."""
-        if migrate.is_flat(d):
-            d = migrate.to_grouped(d)
+        """Read a config dict in the grouped format. Missing fields take the code defaults;
+        an unknown key or a wrongly typed value is a one-line ValueError that names it, and a
+        config in the flat format of fbt-probe 0.1 one that says what to do."""
+        refuse_flat(d)
         kw = typed_fields(cls, {k: v for k, v in d.items() if k not in GROUPS and k != "schedule"})
         for g, gcls in GROUPS.items():
             if g in d:

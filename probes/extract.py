@@ -2,8 +2,8 @@
 
 Depths: 0..L-1 are the inputs of blocks 0..L-1 (depth 0 = block 0's input, which under
 recurrent prefill *is* the fused feedback), and depth L is the last block's output.
-Prefill modes: ``standard`` (pass 1), ``recurrent`` (pass 2), ``k<N>`` (pass N, N-step
-Jacobi) and ``full`` (the exact sequential recurrence). Results are cached on disk under
+Prefills (``fbt_probe.prefill``): ``standard`` (pass 1), ``recurrent`` (pass 2), ``k<N>``
+(pass N, N-step Jacobi) and ``full`` (the exact sequential recurrence). Results are cached on disk under
 the model hash and the dataset hash, so a second fit reuses them.
 
 A *site* says where features come from: ``resid`` (the depth ladder above, the default) or
@@ -22,33 +22,15 @@ import numpy as np
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.model import FBTModel
+from fbt_probe.model import FeedbackModel
+from fbt_probe.positions import pos_dim
+from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import run_recurrence_with_cache
 from tasks import get_task, vocab
-from tasks.dataset import Dataset, atomic_write
+from tasks.dataset import Dataset
+from tasks.files import atomic_write
 
-PREFILLS = ("standard", "recurrent", "full")
 DEFAULT_CACHE = Path(".cache") / "extract"
-
-
-# as stability's --passes: far beyond where the Jacobi map has converged or diverged
-MAX_PASSES = 1000
-
-
-def parse_prefill(prefill: str) -> int | None:
-    """Passes for a Jacobi prefill (standard=1, recurrent=2, kN=N); None for full."""
-    if prefill == "standard":
-        return 1
-    if prefill == "recurrent":
-        return 2
-    if prefill == "full":
-        return None
-    if prefill.startswith("k") and prefill[1:].isdigit() and 1 <= int(prefill[1:]) <= MAX_PASSES:
-        return int(prefill[1:])
-    raise ValueError(
-        f"unknown prefill {prefill!r}: use standard, recurrent, full or k<N> "
-        f"(N passes, 1..{MAX_PASSES})"
-    )
 
 
 RESID = "resid"
@@ -94,7 +76,7 @@ def site_positions(ds: Dataset, site: str) -> np.ndarray:
     return pos.astype(np.int64)
 
 
-def site_hooks(model: FBTModel, site: str) -> list[str]:
+def site_hooks(model: FeedbackModel, site: str) -> list[str]:
     """The hooks a site reads, in depth order."""
     hook, _ = parse_site(site)
     if hook == RESID:
@@ -104,12 +86,12 @@ def site_hooks(model: FBTModel, site: str) -> list[str]:
             f"unknown site {hook!r}: use resid or a hook name such as blocks.0.hook_resid_pre, "
             "blocks.1.attn.hook_z, fusion.hook_state, ln_final.hook_normalized"
         )
-    if hook.endswith("hook_pattern"):
+    if pos_dim(model.hook_dict[hook]) != 1:
         raise ValueError("attention patterns have no fixed width: probe hook_z or hook_q instead")
     return [hook]
 
 
-def depth_hooks(model: FBTModel) -> list[str]:
+def depth_hooks(model: FeedbackModel) -> list[str]:
     L = model.cfg.n_layers
     return [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
 
@@ -123,9 +105,9 @@ def _batches(lengths: np.ndarray, batch_size: int):
 
 @torch.no_grad()
 def extract_features(
-    model: FBTModel,
+    model: FeedbackModel,
     ds: Dataset,
-    prefill: str,
+    prefill: str | Prefill,
     batch_size: int = 128,
     progress=None,
     site: str = RESID,
@@ -133,7 +115,8 @@ def extract_features(
     """(n_examples, n_depths, width) float32 at each example's site position: for ``resid``
     the residual at the colon at every depth (L+1, d_model); for a hook, that one activation
     (flattened)."""
-    passes = parse_prefill(prefill)
+    prefill = parse_prefill(prefill)
+    passes = prefill.passes
     model.eval()
     hooks = site_hooks(model, site)
     where = site_positions(ds, site)
@@ -170,7 +153,7 @@ def extract_features(
         out[idx] = vals
         done += len(idx)
         if progress is not None:
-            progress(done, len(ds), prefill)
+            progress(done, len(ds), prefill.name)
     if size > 1:  # every row was extracted by one rank, with the batch one process uses
         out = _gather(out, device)
     return out
@@ -205,9 +188,9 @@ def cache_key(mhash: str, dhash: str, prefill: str, site: str = RESID) -> str:
 
 
 def extract_cached(
-    model: FBTModel,
+    model: FeedbackModel,
     ds: Dataset,
-    prefill: str,
+    prefill: str | Prefill,
     cache_dir: str | Path | None = DEFAULT_CACHE,
     mhash: str | None = None,
     progress=None,
@@ -217,12 +200,12 @@ def extract_cached(
 
     Returns ``(features, was_cached)``.
     """
-    parse_prefill(prefill)
+    prefill = parse_prefill(prefill)
     site_hooks(model, site)
     if cache_dir is None:
         return extract_features(model, ds, prefill, progress=progress, site=site), False
     mhash = mhash or model_hash(model)
-    path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill, site)}.npy"
+    path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill.name, site)}.npy"
     if path.is_file():
         try:
             feats = np.load(path)
@@ -240,7 +223,7 @@ def extract_cached(
             np.save(f, feats)
 
     atomic_write(path, save)
-    meta = {"model_hash": mhash, "dataset_hash": ds.content_hash, "prefill": prefill,
+    meta = {"model_hash": mhash, "dataset_hash": ds.content_hash, "prefill": prefill.name,
             "site": site, "task": ds.task}  # fmt: skip
     atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(meta)))
     return feats, False

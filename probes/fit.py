@@ -118,17 +118,34 @@ def cross_validate(
     )
 
 
+class GroupBootstrap:
+    """Resampling whole groups with replacement: ``n_boot`` draws of as many groups as there
+    are, the same draws for every quantity measured on the same examples (fit's intervals
+    and the interventions' are both taken from here)."""
+
+    def __init__(self, groups: np.ndarray, seed: int, n_boot: int = N_BOOT):
+        ug, self.inv = np.unique(groups, return_inverse=True)
+        self.n_groups = len(ug)
+        self.draw = np.random.default_rng(seed).integers(0, self.n_groups, size=(n_boot, len(ug)))
+
+    def per_group(self, values: np.ndarray) -> np.ndarray:
+        """(n_groups,) the sum of ``values`` (one per example) in each group."""
+        return np.bincount(self.inv, weights=values.astype(float), minlength=self.n_groups)
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """(n_boot,) the sum of ``values`` over each draw's groups."""
+        return self.per_group(values)[self.draw].sum(1)
+
+    def mean(self, values: np.ndarray) -> np.ndarray:
+        """(n_boot,) the mean of ``values`` over each draw's examples."""
+        return self.sums(values) / self.sums(np.ones(len(self.inv)))
+
+
 def bootstrap_ci(
     correct: np.ndarray, groups: np.ndarray, seed: int, n_boot: int = N_BOOT
 ) -> tuple[float, float]:
     """95 % percentile interval of accuracy, resampling whole groups with replacement."""
-    ug, inv = np.unique(groups, return_inverse=True)
-    hits = np.bincount(inv, weights=correct.astype(float), minlength=len(ug))
-    sizes = np.bincount(inv, minlength=len(ug)).astype(float)
-    rng = np.random.default_rng(seed)
-    draw = rng.integers(0, len(ug), size=(n_boot, len(ug)))
-    accs = hits[draw].sum(1) / sizes[draw].sum(1)
-    lo, hi = np.percentile(accs, [2.5, 97.5])
+    lo, hi = np.percentile(GroupBootstrap(groups, seed, n_boot).mean(correct), [2.5, 97.5])
     return float(lo), float(hi)
 
 

@@ -17,8 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from probes.intervene import STATE_HOOK, WINDOWS  # noqa: E402
+from fbt_probe.patching import STATE_HOOK  # noqa: E402
 from probes.plot import CMAP, PALETTE, _prefills, save_figure  # noqa: E402
+from probes.twins import WINDOWS  # noqa: E402
 
 DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 4.0),
                  ("steer_random", 4.0))  # fmt: skip

@@ -17,6 +17,7 @@ import seaborn as sns  # noqa: E402
 
 from probes.results import load_results, primary  # noqa: E402
 from tasks import stratum, task_names  # noqa: E402
+from tasks.base import POOLED  # noqa: E402
 
 PREFILL_ORDER = ["standard", "recurrent", "full"]
 CMAP = "cividis"  # perceptually uniform and colour-blind safe
@@ -33,7 +34,7 @@ def _prefills(df: pd.DataFrame) -> list[str]:
 def save_figure(fig, out: Path, stem: str) -> list[Path]:
     """``stem``.png and .pdf in ``out``, each written whole or not at all (a failed write
     leaves no partial or temporary file)."""
-    from tasks.dataset import atomic_write
+    from tasks.files import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
@@ -64,7 +65,7 @@ def _targets(df: pd.DataFrame, task: str) -> list[str]:
 def plot_prefill_by_depth(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
     """Per task (and target): rows = prefill, columns = depth, pooled counts 1..256."""
     drawn = {}
-    sel = df[(df.model == "trained") & (df.distractors == "1-256") & (df.overwrites == "all")]
+    sel = df[(df.model == "trained") & (df.distractors == POOLED) & (df.overwrites == "all")]
     for task in dict.fromkeys(sel.task):
         targets = _targets(sel, task)
         fig, axes = plt.subplots(
@@ -82,7 +83,7 @@ def plot_prefill_by_depth(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame
                 ax,
                 mat,
                 chance,
-                f"{name}: accuracy at the colon\n(chance {chance:.2f}; pooled counts 1-256)",
+                f"{name}: accuracy at the colon\n(chance {chance:.2f}; pooled counts {POOLED})",
                 "depth (0 = block 0 input)",
                 "prefill",
             )
@@ -96,7 +97,7 @@ def plot_depth_by_count(
 ) -> dict[str, pd.DataFrame]:
     """Per task: depth x distractor count, for standard and recurrent prefill."""
     drawn = {}
-    sel = df[(df.model == "trained") & (df.distractors != "1-256") & (df.overwrites == "all")]
+    sel = df[(df.model == "trained") & (df.distractors != POOLED) & (df.overwrites == "all")]
     for task in dict.fromkeys(sel.task):
         target = _targets(sel, task)[0]
         ps = [p for p in prefills if p in set(sel[sel.task == task].prefill)]
@@ -159,7 +160,7 @@ def plot_lines(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
     """Accuracy against depth with 95 % bands, per prefill, beside the random-init control."""
     drawn = {}
     sel = df[
-        (df.distractors == "1-256")
+        (df.distractors == POOLED)
         & (df.overwrites == "all")
         & (df.model.isin(["trained", "random_init"]))
     ]
@@ -187,7 +188,7 @@ def plot_lines(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
         chance = float(g[g.model == "trained"].chance.mean())
         ax.axhline(chance, color="grey", lw=1, ls="--", label=f"chance ({chance:.2f})")
         name = task if target == "label" else f"{task} {target}"
-        ax.set_title(f"{name}: probe accuracy at the colon by depth (pooled counts 1-256)")
+        ax.set_title(f"{name}: probe accuracy at the colon by depth (pooled counts {POOLED})")
         ax.set_xlabel("depth (0 = block 0 input)")
         ax.set_ylabel("accuracy (95 % CI band)")
         ax.set_ylim(max(0.0, chance - 0.15), 1.02)

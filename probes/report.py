@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe.patching import STATE_HOOK
+from probes.interventions import TOKEN_SITE
 from probes.results import PAPER_LAYER0, load_results, primary
 from tasks import stratum, task_names
+from tasks.base import POOLED
 
 
 def _fmt(x: float) -> str:
@@ -17,7 +20,7 @@ def _fmt(x: float) -> str:
 
 def paper_table(df: pd.DataFrame) -> str:
     """Task x prefill at depth 0 (pooled counts 1..256): ours [CI], chance, control, paper."""
-    pooled = df[(df.distractors == "1-256") & (df.overwrites == "all") & (df.depth == 0)]
+    pooled = df[(df.distractors == POOLED) & (df.overwrites == "all") & (df.depth == 0)]
     lines = [
         "| task | target | prefill | layer 0 (ours) [95 % CI] | chance | random-init control | permuted labels | paper |",
         "|---|---|---|---|---|---|---|---|",
@@ -39,7 +42,7 @@ def paper_table(df: pd.DataFrame) -> str:
 def multi_target_table(df: pd.DataFrame, task: str) -> str:
     """A task with several targets (multi_register: one per register): prefill by depth
     (mean over targets) and, if it has a stratum of its own, by that stratum at depth 0."""
-    g = df[(df.task == task) & (df.model == "trained") & (df.distractors == "1-256")]
+    g = df[(df.task == task) & (df.model == "trained") & (df.distractors == POOLED)]
     if g.empty or g.target.nunique() < 2:
         return ""
     by_depth = g[g.overwrites == "all"].pivot_table(
@@ -65,10 +68,53 @@ def multi_target_table(df: pd.DataFrame, task: str) -> str:
     return "\n".join(lines)
 
 
+# below this clean accuracy a model does not do the task, and no route can be said to carry it
+MIN_CLEAN_ACCURACY = 0.8
+
+
+def headline(df: pd.DataFrame, task: str, prefill: str) -> str:
+    """The answer, in words, to: does the answer rely on the fed-back state, on attention to
+    the original token, or on both? From the flip rates of the two interchanges."""
+    g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "flip_rate")]
+
+    def pick(intervention, site, positions):
+        r = g[(g.intervention == intervention) & (g.site == site) & (g.positions == positions)]
+        return None if r.empty else r.iloc[0]
+
+    st = pick("interchange_state", STATE_HOOK, "all")
+    tok = pick("interchange_token", TOKEN_SITE, "label_token")
+    if tok is None:
+        return ""
+    fmt = lambda r: f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"  # noqa: E731
+    acc = df[(df.task == task) & (df.prefill == prefill) & (df.intervention == "self")
+             & (df.metric == "accuracy")]  # fmt: skip
+    if len(acc) and acc.iloc[0].value < MIN_CLEAN_ACCURACY:
+        return (
+            f"{task}, {prefill} prefill: the clean run answers only {acc.iloc[0].value:.3f} of "
+            f"these prompts, so the interchanges (state {st.value if st is not None else float('nan'):.3f}, "
+            f"token {tok.value:.3f}) say nothing about what it uses."
+        )
+    if st is None:
+        return f"{task}, {prefill} prefill: the twin's label token flips {fmt(tok)} of answers."
+    state_used, token_used = st.value >= 0.5, tok.value >= 0.5
+    verdict = (
+        "both: each interchange alone flips most answers"
+        if state_used and token_used
+        else "the fed-back state: when the state and the token disagree, the answer follows the state"
+        if state_used
+        else "attention to the original token: when the two disagree, the answer follows the token"
+        if token_used
+        else "both, redundantly: with either route left clean, most answers survive"
+    )
+    return (
+        f"{task}, {prefill} prefill: interchanging every fed-back state flips {fmt(st)} of answers, "
+        f"the label token's embedding {fmt(tok)}: the answer relies on {verdict}."
+    )
+
+
 def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
     """Per task, prefill and depth of the colon: the probe's accuracy beside the answer
     accuracy after LEACE erases the probe's concept there (and a random subspace)."""
-    from probes.intervene import headline
     from probes.intervene_plot import _ladder, depth_of
 
     lines = []
@@ -93,7 +139,7 @@ def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
                 ].iloc[0]
 
             probe = df[(df.task == task) & (df.prefill == prefill) & (df.depth == d)
-                       & (df.model == "trained") & (df.distractors == "1-256")
+                       & (df.model == "trained") & (df.distractors == POOLED)
                        & (df.overwrites == "all")].accuracy  # fmt: skip
             e, r, f = (
                 pick("erase_probe", "accuracy"),
@@ -109,25 +155,19 @@ def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
-    """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
-    res = Path(results)
-    df = primary(load_results(res))
-    meta_path = res / "probe_results.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    figs = Path(figures) if figures is not None else res / "figures"
-    rel = lambda p: p.relative_to(res) if p.is_relative_to(res) else p.resolve()  # noqa: E731
-    parts = [
+def report_header(meta: dict, df: pd.DataFrame) -> list[str]:
+    """The report's opening: the model, the data, the protocol and the paper's table."""
+    datasets = ", ".join(
+        f"{t} `{d['content_hash']}` ({d['n_examples']} examples, {d['n_groups']} groups, seed {d['seed']})"
+        for t, d in meta.get("datasets", {}).items()
+    )
+    return [
         "# fbt-probe report: is task state linearly decodable from the latent feedback?",
         "",
         f"Model: `{meta.get('model', '?')}` (hash `{meta.get('model_hash', '?')}`), random-init control "
         f"hash `{meta.get('random_init_hash', '?')}`.",
         "",
-        "Datasets: "
-        + ", ".join(
-            f"{t} `{d['content_hash']}` ({d['n_examples']} examples, {d['n_groups']} groups, seed {d['seed']})"
-            for t, d in meta.get("datasets", {}).items()
-        ),
+        "Datasets: " + datasets,
         "",
         f"Probes: standardise + logistic regression, {meta.get('folds', '?')} grouped folds (groups = base "
         f"instance), C from {meta.get('C_grid', '?')} by nested grouped CV, fold seed {meta.get('fold_seed', '?')}; "
@@ -141,18 +181,23 @@ def write_report(results: str | Path, figures: str | Path | None = None) -> Path
         "",
         "Decodable is not the same as used: only causal tests say whether the model relies on it.",
         "",
-    ]
+    ]  # fmt: skip
+
+
+def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
+    """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
+    res = Path(results)
+    df = primary(load_results(res))
+    meta_path = res / "probe_results.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    figs = Path(figures) if figures is not None else res / "figures"
+    rel = lambda p: p.relative_to(res) if p.is_relative_to(res) else p.resolve()  # noqa: E731
+    parts = report_header(meta, df)
     for task in dict.fromkeys(df.task):
         mt = multi_target_table(df, task)
         if mt:
-            parts += [
-                f"## {task}: recurrent vs full prefill",
-                "",
-                "Accuracy by depth (mean over targets), pooled counts 1..256:",
-                "",
-                mt,
-                "",
-            ]
+            parts += [f"## {task}: recurrent vs full prefill", "",
+                      "Accuracy by depth (mean over targets), pooled counts 1..256:", "", mt, ""]  # fmt: skip
     iv_path = res / "interventions" / "interventions.csv"
     if iv_path.is_file():
         iv = pd.read_csv(iv_path, keep_default_na=True)

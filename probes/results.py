@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from tasks.base import POOLED
+
 # The paper's layer-0 figures at the colon; absent where it gives no number.
 PAPER_LAYER0 = {
     ("done_tracking", "standard"): "near chance",
@@ -61,7 +63,7 @@ def primary(df: pd.DataFrame) -> pd.DataFrame:
 def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
     """Task x target x prefill at ``depth``, pooled over counts 1..256: trained accuracy with
     its interval, chance, majority, the random-init control, permuted labels, the paper."""
-    pooled = df[(df.distractors == "1-256") & (df.overwrites == "all") & (df.depth == depth)]
+    pooled = df[(df.distractors == POOLED) & (df.overwrites == "all") & (df.depth == depth)]
     rows = []
     keys = ["task", "target", "probe", "site", "prefill"]
     for (task, target, probe, site, prefill), g in pooled.groupby(keys, sort=False):

@@ -22,19 +22,15 @@ from joblib import Parallel, delayed
 
 from fbt_probe import __version__
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.model import FBTModel
+from fbt_probe.hf import require_tokenizer
+from fbt_probe.model import FeedbackModel
+from fbt_probe.prefill import PREFILLS, parse_prefill
 from fbt_probe.registry import random_init_like
-from probes.extract import (
-    DEFAULT_CACHE,
-    RESID,
-    SiteNotFired,
-    extract_cached,
-    parse_prefill,
-    site_hooks,
-)
+from probes.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
 from probes.fit import N_FOLDS, bootstrap_ci, cross_validate, grouped_splits, permute_by_group
 from probes.probe import probe_class
-from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
+from tasks import TASK_NAMES, get_task, stratum, target_names, task_names, vocab
+from tasks.base import POOLED
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
 
@@ -43,7 +39,6 @@ COLUMNS = [
     "accuracy", "ci_low", "ci_high", "chance", "majority", "n_examples", "n_groups", "C",
     "probe", "site",
 ]  # fmt: skip
-POOLED = "1-256"
 CONTROLS = ("random_init", "permuted")
 
 
@@ -179,15 +174,6 @@ def load_or_generate(
     return ds
 
 
-def require_tokenizer(model) -> None:
-    """A Hugging Face model reads tasks through its tokenizer: refuse one without any (before
-    a dataset is generated for it)."""
-    from fbt_probe.hf import HFFeedbackModel
-
-    if isinstance(model, HFFeedbackModel) and model.encoding is None:
-        raise ValueError(f"{model.source} has no tokenizer: save one beside the model")
-
-
 def check_encoding(ds: Dataset, model, path) -> None:
     """A dataset is read only by a model with the tokenizer it was encoded with."""
     from fbt_probe.hf import HFFeedbackModel
@@ -213,54 +199,37 @@ def check_encoding(ds: Dataset, model, path) -> None:
         )
 
 
-def run_fit(
-    model: FBTModel,
-    model_name: str,
-    tasks: tuple[str, ...] = TASK_NAMES,
-    prefills: tuple[str, ...] = ("standard", "recurrent", "full"),
-    data: dict[str, str | Path] | None = None,
-    out_dir: str | Path = "results",
-    seed: int = 0,
-    folds: int = N_FOLDS,
-    controls: bool = True,
-    per_count: bool = True,
-    cache_dir: str | Path | None = DEFAULT_CACHE,
-    n_jobs: int = 2,
-    progress=None,
-    probe: str = "logistic",
-    sites: tuple[str, ...] = (RESID,),
-    save_probes: bool = True,
-) -> pd.DataFrame:
+def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK_NAMES,
+            prefills: tuple[str, ...] = PREFILLS, data: dict[str, str | Path] | None = None,
+            out_dir: str | Path = "results", *, seed: int = 0, folds: int = N_FOLDS,
+            controls: bool = True, per_count: bool = True,
+            cache_dir: str | Path | None = DEFAULT_CACHE, n_jobs: int = 2, progress=None,
+            probe: str = "logistic", sites: tuple[str, ...] = (RESID,),
+            save_probes: bool = True) -> pd.DataFrame:  # fmt: skip
     """Run the protocol and write ``probe_results.csv``, ``probe_results.json`` and (with
     ``save_probes``) every trained pooled cell's probe, refit on all its data, to
     ``probes/`` (``probes.artifacts``)."""
     t0 = time.monotonic()
-    for p in prefills:
-        parse_prefill(p)
+    prefills = tuple(parse_prefill(p).name for p in prefills)
     grid = probe_class(probe).grid
     for t in tasks:
         get_task(t)
     for site in sites:
         site_hooks(model, site)
-    out = Path(out_dir)
-    mhash = model_hash(model)
     control = random_init_like(model, seed=seed) if controls else None
-    chash = model_hash(control) if control is not None else None
+    models = {"trained": (model, model_hash(model)),
+              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
     datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
     for t, ds in datasets.items():  # before the features are extracted, not after
-        n_groups = len(np.unique(ds.group))
-        if folds > n_groups:
+        if folds > (n_groups := len(np.unique(ds.group))):
             raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
-
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
-    models = {"trained": (model, mhash), "random_init": (control, chash)}
     feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
     for site in sites:
         if all((site, p) in skipped for p in prefills):
             raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
     n_depths = {(t, site): next(f.shape[1] for k, f in feats.items() if k[0] == t and k[2] == site)
                 for t in tasks for site in sites}  # fmt: skip
-
     # 2. the plan of cells, then its execution
     targets = {t: targets_of(ds) for t, ds in datasets.items()}
 
@@ -268,18 +237,32 @@ def run_fit(
         return cell_data(c, datasets[c.task], targets[c.task], feats[c.features], seed)
 
     def execute(cells, label):
-        specs = [(c, *data_of(c)) for c in cells]
-        return _run_cells(specs, seed, folds, n_jobs, progress, label, probe)
+        return _run_cells(
+            [(c, *data_of(c)) for c in cells], seed, folds, n_jobs, progress, label, probe
+        )
 
     plan = [c for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
             if (c.site, c.prefill) not in skipped]  # fmt: skip
     rows = execute(plan, "probe (pooled)")
     if per_count:
         rows += execute(subset_plan(rows, datasets, targets, folds, grid), "probe (per count)")
+    meta = fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds,
+                    seed, grid)  # fmt: skip
+    savable = all(hasattr(probe_class(probe), a) for a in ("state", "config", "from_saved"))
+    meta["probes_saved"] = bool(save_probes and savable)
+    if save_probes and savable:
+        save_pooled_probes(rows, data_of, grid, probe, meta, Path(out_dir) / "probes", n_jobs)
+    meta["seconds"] = time.monotonic() - t0
     df = pd.DataFrame(rows)[COLUMNS]
+    write_results(df, Path(out_dir), meta)
+    return df
 
-    meta = {
-        "model": model_name, "model_hash": mhash, "random_init_hash": chash,
+
+def fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds, seed,
+             grid) -> dict:  # fmt: skip
+    """What ``probe_results.json`` says of a fit: the models, data, folds and seeds."""
+    return {
+        "model": model_name, "model_hash": models["trained"][1], "random_init_hash": models["random_init"][1],
         "datasets": {t: {"content_hash": d.content_hash, "seed": d.meta["seed"], "n_groups": d.meta["n_groups"],
                          "distractors": d.meta["distractors"], "n_examples": len(d)} for t, d in datasets.items()},
         "prefills": list(prefills), "probe": probe, "sites": list(sites),
@@ -288,20 +271,66 @@ def run_fit(
         "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
         "model_config": model.cfg.to_dict(), "versions": versions(),
     }  # fmt: skip
-    savable = all(hasattr(probe_class(probe), a) for a in ("state", "config", "from_saved"))
-    meta["probes_saved"] = bool(save_probes and savable)
-    if save_probes and savable:
-        from probes.artifacts import fit_and_save
 
-        trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
-                   and r["overwrites"] == "all"]  # fmt: skip
-        cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
-                      C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
-        data = [data_of(c)[:2] for c in cells]
-        fit_and_save(out / "probes", cells, data, probe, meta, n_jobs)
-    meta["seconds"] = time.monotonic() - t0
-    write_results(df, out, meta)
-    return df
+
+def save_pooled_probes(rows, data_of, grid, probe, meta, folder: Path, n_jobs: int) -> None:
+    """Every trained pooled cell's probe, refit on all its data, as artifacts in ``folder``."""
+    from probes.artifacts import fit_and_save
+
+    trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
+               and r["overwrites"] == "all"]  # fmt: skip
+    cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
+                  C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
+    fit_and_save(folder, cells, [data_of(c)[:2] for c in cells], probe, meta, n_jobs)
+
+
+def tasks_and_data(task: str, data: str | Path | None) -> tuple[tuple[str, ...], dict | None]:
+    """The tasks a command runs on (``--task``: a name, a comma-separated list or 'all') and,
+    with ``--data``, the one dataset file given for its task."""
+    if data is not None:
+        ds_task = load(data).task
+        if task not in ("all", ds_task):
+            raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
+        return (ds_task,), {ds_task: data}
+    task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    for t in task_list:
+        get_task(t)
+    return task_list, None
+
+
+def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
+        passes: int | None = None, data: str | Path | None = None, out: str | Path = "results",
+        seed: int = 0, folds: int = N_FOLDS, controls: bool = True, probe: str = "logistic",
+        sites: tuple[str, ...] = (RESID,), device: str = "cpu", progress=None):  # fmt: skip
+    """``fbt-probe fit``: the protocol on the model ``model`` names ('default' or a folder),
+    checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
+    and writes; returns (results, model name), or None on the other ranks."""
+    from fbt_probe.distributed import place
+    from fbt_probe.prefill import parse_prefills
+    from fbt_probe.registry import resolve_model
+    from tasks.files import check_output_dir
+
+    prefills = tuple(p.name for p in parse_prefills(prefill, passes))
+    task_list, data_map = tasks_and_data(task, data)
+    if folds < 2:
+        raise ValueError("--folds must be at least 2")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    check_output_dir(Path(out))
+    probe_class(probe)
+    dev, world = place(device)
+    m, name = resolve_model(model, dev)
+    for site in sites:
+        site_hooks(m, site)
+    if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
+        prefetch_features(m, task_list, prefills, data_map, sites, controls, seed,
+                          progress=progress if world.main else None)  # fmt: skip
+        world.barrier()
+        if not world.main:
+            return None
+    df = run_fit(m, name, task_list, prefills, data_map, out, seed=seed, folds=folds,
+                 controls=controls, progress=progress, probe=probe, sites=sites)  # fmt: skip
+    return df, name
 
 
 def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress=None):
@@ -388,7 +417,7 @@ def versions() -> dict:
 
 
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
-    from tasks.dataset import atomic_write
+    from tasks.files import atomic_write
 
     atomic_write(
         out / "probe_results.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")

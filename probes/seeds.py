@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fbt_probe.prefill import PREFILLS
+from tasks.base import POOLED
+
 # what a recipe must reach on a seed (issue: a recipe that holds across seeds)
 TARGETS = {
     "answers": 0.99,  # delayed_memory and done_tracking, every decoding mode
@@ -23,7 +26,6 @@ TARGETS = {
     "probe_recurrent": 0.99,  # layer 0 under recurrent prefill, delayed_memory and done_tracking
     "standard_margin": 0.05,  # layer 0 under standard prefill within this of chance
 }
-PREFILLS = ("standard", "recurrent", "full")
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -53,7 +55,7 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
     row: dict = {}
     for task, by_mode in summary.items():
         for mode, accs in by_mode.items():
-            row[f"{task}/{mode}"] = accs["1-256"]
+            row[f"{task}/{mode}"] = accs[POOLED]
             if len(per_reg[task][mode]) > 1:
                 row[f"{task}/{mode}/min_register"] = float(min(per_reg[task][mode]))
     data = {}
@@ -85,16 +87,6 @@ def probe_entries(df: pd.DataFrame) -> dict:
         out[f"ci_low/{key}"] = r.ci_low
         out[f"ci_high/{key}"] = r.ci_high
     return out
-
-
-def with_intervals(row: dict, run: Path) -> dict:
-    """A cached row measured before rows kept the probe's interval: read it from the fit
-    results the row was measured with (``run/probe/probe_results.csv``)."""
-    results = run / "probe" / "probe_results.csv"
-    if any(k.startswith("ci_low/") for k in row) or not results.is_file():
-        return row
-    found = probe_entries(pd.read_csv(results))  # the CSV's 6 digits: only intervals taken
-    return {**row, **{k: v for k, v in found.items() if k.startswith(("ci_low/", "ci_high/"))}}
 
 
 def meets(row: dict) -> dict[str, bool]:
@@ -209,7 +201,7 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
     context manager giving a progress callable, shows the measuring of each seed."""
     from contextlib import nullcontext
 
-    from tasks.dataset import atomic_write
+    from tasks.files import atomic_write
 
     rows = {}
     for s in seeds:
@@ -223,7 +215,7 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
             train_fn(scfg, run, (run / "state.pt").is_file())
         cached = run / "seed_row.json"
         if cached.is_file():
-            rows[s] = with_intervals(json.loads(cached.read_text()), run)
+            rows[s] = json.loads(cached.read_text())
         else:
             with bars(f"measure seed {s}") if bars else nullcontext() as bar:
                 rows[s] = seed_row(run, eval_groups, probe_groups, bar)
@@ -234,7 +226,7 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
 def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
     """Write a study's ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
     ``seeds.png`` into ``out`` from its rows (seed -> measured row), seeds in order."""
-    from tasks.dataset import atomic_write
+    from tasks.files import atomic_write
 
     rows = {s: rows[s] for s in sorted(rows)}
     out.mkdir(parents=True, exist_ok=True)
@@ -246,3 +238,87 @@ def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
                  lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))  # fmt: skip
     plot_seeds(rows, out)
     return table
+
+
+def study_rows(study: Path) -> dict[int, dict]:
+    """A study's rows, seed -> row, from its ``seed_rows.json``."""
+    path = study / "seed_rows.json"
+    if not path.is_file():
+        raise ValueError(f"{study}: no seed_rows.json (is it a folder `train --seeds` wrote?)")
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+        raise ValueError(f"{path}: not a study's rows (seed -> measured row)")
+    try:
+        return {int(s): r for s, r in rows.items()}
+    except ValueError:
+        raise ValueError(f"{path}: a key is not a seed number") from None
+
+
+def recipe_of(study: Path, seed: int):
+    """The seed's ``probes.seeds.recipe_key``, or None where no run folder is kept."""
+    from fbt_probe.train import saved_train_config
+
+    run = study / f"seed-{seed}"
+    if not (run / "train_config.json").is_file():
+        return None
+    return recipe_key(saved_train_config(run))
+
+
+def merge_studies(studies: list[Path], out: Path) -> list[str]:
+    """Merge seed studies of one recipe run in parts (other seeds later, another machine) into
+    one study in ``out`` (``write_study``): a seed in two studies must have the same row in
+    both, and where a study keeps its run folders their recipes must agree but for the seed
+    and the name. Returns the ``study/seed`` entries whose recipe could not be checked."""
+    rows: dict[int, dict] = {}
+    where: dict[int, Path] = {}
+    recipe, recipe_from, unchecked = None, None, []
+    for study in studies:
+        for s, row in study_rows(study).items():
+            if s in rows and rows[s] != row:
+                raise ValueError(f"seed {s} has different rows in {where[s]} and {study}")
+            rows[s], where[s] = row, where.get(s, study)
+            r = recipe_of(study, s)
+            if r is None:
+                unchecked.append(f"{study}/seed-{s}")
+            elif recipe is None:
+                recipe, recipe_from = r, f"{study}/seed-{s}"
+            elif r != recipe:
+                raise ValueError(
+                    f"{study}/seed-{s} was trained with another recipe than {recipe_from}"
+                )
+    if not rows:
+        raise ValueError("the studies hold no seed")
+    write_study(rows, Path(out))
+    return unchecked
+
+
+def study(*, seeds: str, config: str | None = None, overrides: list[str] | None = None,
+          out: str | Path | None = None, init_from: str | Path | None = None,
+          device: str = "cpu", max_minutes: float = 0.0, argv: list[str] | None = None,
+          bars=None) -> tuple[Path, pd.DataFrame]:  # fmt: skip
+    """``fbt-probe seeds run``: the recipe trained on each of ``seeds`` ('0-4', '0,3,7') into
+    OUT/seed-<s> (a stopped seed resumes, a finished one is kept), then measured and
+    tabulated (``run_seed_study``); ``bars(label, total)`` makes progress bars. Returns the
+    study folder and its table."""
+    from contextlib import nullcontext
+
+    from fbt_probe.device import resolve_device
+    from fbt_probe.recipes import build_recipe
+    from fbt_probe.train import train
+
+    resolve_device(device)  # a bad --device fails before anything is written
+    cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)
+    seed_list = parse_seeds(seeds)
+    folder = Path(out) if out is not None else Path("runs") / f"{cfg.name}-seeds"
+
+    def one(scfg, run, again):
+        with bars(f"train {scfg.name}", scfg.steps) if bars else nullcontext() as bar:
+            train(scfg, run, resume=again, progress=bar, argv=argv, device=device,
+                  max_minutes=max_minutes)  # fmt: skip
+
+    table = run_seed_study(cfg, seed_list, folder, one,
+                           bars=(lambda label: bars(label, 1)) if bars else None)  # fmt: skip
+    return folder, table

@@ -12,8 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fbt_probe.hf_tiny import FAMILIES, bpe_tokenizer, model_folder, word_tokenizer  # noqa: E402
+from fbt_probe.hf_tiny import FAMILIES, bpe_tokenizer, model_folder, word_tokenizer
 
 
 def main() -> None:

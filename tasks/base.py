@@ -13,7 +13,9 @@ import numpy as np
 
 from tasks import vocab
 
-MAX_DISTRACTORS = 256
+MAX_DISTRACTORS = 256  # the distractor cap: no task renders more
+# results are pooled over every count but 0, where the answer is the token before the colon
+POOLED = f"1-{MAX_DISTRACTORS}"
 DEFAULT_DISTRACTORS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # Separate seed streams: probe datasets and the training stream can never share draws.

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pyarrow.parquet as pq
 
 from tasks import vocab
 from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
+from tasks.files import atomic_write
 
 SCHEMA_VERSION = "1"
 META_KEY = b"fbt_probe"
@@ -194,137 +193,9 @@ def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, e
     return meta
 
 
-def write_atomic(table: pa.Table, out: Path) -> None:
-    """Write via a temporary file in the same folder and rename: never a partial file."""
+def write_table(table: pa.Table, out: Path) -> None:
+    """Write a dataset table as parquet, atomically (never a partial file)."""
     atomic_write(Path(out), lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-
-
-def _kind(path: Path) -> str:
-    import stat
-
-    mode = path.lstat().st_mode
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
-                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
-        if test(mode):
-            return name
-    return "a regular file"
-
-
-def _writable_parent(path: Path) -> None:
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise PermissionError(f"cannot write to {path} ({probe} is not a writable folder)")
-
-
-def check_output_file(out: Path, force: bool = False) -> None:
-    """Before any work: ``out`` may be written. An existing regular file needs ``force``;
-    anything else (a directory, a FIFO, a device, a symlink) is never replaced, even with
-    ``force``: a symlink would be replaced by a file, not written through."""
-    out = Path(out)
-    if out.is_symlink() or out.exists():
-        kind = _kind(out)
-        if kind != "a regular file":
-            raise FileExistsError(f"{out} is {kind}; refusing to replace it (choose another --out)")
-        if not force:
-            raise FileExistsError(f"{out} exists; pass --force to overwrite")
-    _writable_parent(out.parent if str(out.parent) else Path("."))
-
-
-def check_output_dir(out: Path) -> None:
-    """Before any work: ``out`` is, or can be made, a writable folder."""
-    out = Path(out)
-    if out.is_symlink() and not out.is_dir():
-        raise FileExistsError(f"{out} is a symlink to something that is not a folder")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} is {_kind(out)}, not a folder (choose another --out)")
-    _writable_parent(out)
-
-
-def _without_umask(mode: int) -> int:
-    """``mode`` as a plain ``open`` or ``mkdir`` would leave it (mkstemp and mkdtemp make
-    files only their owner can read)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return mode & ~umask
-
-
-def _temp_names(out: Path):
-    """Names for a temporary file or folder next to ``out``, to be created by the caller
-    after the name is bound: a Ctrl-C that lands while the file is being created (mkstemp
-    and mkdtemp return its name only after) still leaves the name to the clean-up."""
-    for _ in range(100):
-        yield str(out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp")
-    raise FileExistsError(f"cannot make a temporary name next to {out}")
-
-
-def _create_file(path: str) -> None:
-    """Create ``path`` empty, only if nothing is there (as mkstemp does)."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-
-
-def atomic_write(out: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``out``; on any error remove the temp file."""
-    tmp = None
-    if out.is_symlink() or (out.exists() and not out.is_file()):
-        raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for tmp in _temp_names(out):  # named before it exists: see _temp_names
-            try:
-                _create_file(tmp)
-                break
-            except FileExistsError:
-                tmp = None
-        write(tmp)
-        os.chmod(tmp, _without_umask(0o666))
-        os.replace(tmp, out)
-    except OSError as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_folder(out: Path, write) -> None:
-    """Call ``write(tmp_folder)`` then put that folder at ``out``, replacing a folder there;
-    on any error the temporary folder goes and ``out`` keeps what it held."""
-    import shutil
-
-    out = Path(out)
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
-    tmp = old = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for name in _temp_names(out):
-            tmp = Path(name)  # bound before the folder exists
-            try:
-                os.mkdir(tmp, 0o700)
-                break
-            except FileExistsError:
-                tmp = None
-        os.chmod(tmp, _without_umask(0o777))
-        write(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        tmp = None
-    except OSError as e:
-        raise OSError(f"cannot write {out}: {e.strerror or e}") from None
-    finally:
-        # an error or a Ctrl-C between the two replaces: ``out`` gets back what it held
-        if old is not None and Path(old).exists() and not out.exists():
-            os.replace(old, out)
-        for leftover in (tmp, old):
-            if leftover is not None and Path(leftover).exists():
-                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def load(path: str | Path) -> Dataset:

@@ -13,7 +13,8 @@ from tasks.base import (
     generate_groups,
     generate_twins,
 )
-from tasks.dataset import build_meta, check_output_file, content_hash, to_table, write_atomic
+from tasks.dataset import build_meta, content_hash, to_table, write_table
+from tasks.files import check_output_file
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
@@ -48,6 +49,26 @@ def check_memory(n_groups: int, distractors) -> None:
             f"--n-groups {n_groups} would need about {need / 2**30:.0f} GiB while it is built, "
             f"more than this machine's {have / 2**30:.0f} GiB; use fewer groups or counts"
         )
+
+
+def encode_all(encoding, examples, pairs):
+    """The examples (and twins) through a tokenizer: each example's ``Encoded``, the
+    tokenizer's description for the file, the twins (one the tokenizer breaks is dropped)
+    and the twins' ids."""
+    words = [w for ex in examples for w in ex.answer]
+    words += [w for t in pairs or () if t is not None for w in t.example.answer]
+    encoding.check_labels(words)
+    encoded = [encoding.encode(ex) for ex in examples]
+    colon_ids = sorted({e.ids[e.colon_index] for e in encoded})
+    tok_meta = {**encoding.describe(), "colon_ids": colon_ids}
+    twin_ids = None
+    if pairs is not None:
+        kept = [None if t is None else encoding.encode_twin(e, t)
+                for t, e in zip(pairs, encoded, strict=True)]  # fmt: skip
+        pairs = [None if k is None else replace(t, position=k[1])
+                 for t, k in zip(pairs, kept, strict=True)]  # fmt: skip
+        twin_ids = [[] if k is None else k[0] for k in kept]
+    return encoded, tok_meta, pairs, twin_ids
 
 
 def generate_dataset(
@@ -91,23 +112,27 @@ def generate_dataset(
     pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE) if twins else None
     encoded, tok_meta, twin_ids = None, None, None
     if encoding is not None:
-        words = [w for ex in examples for w in ex.answer]
-        words += [w for t in pairs or () if t is not None for w in t.example.answer]
-        encoding.check_labels(words)
-        encoded = [encoding.encode(ex) for ex in examples]
-        colon_ids = sorted({e.ids[e.colon_index] for e in encoded})
-        tok_meta = {**encoding.describe(), "colon_ids": colon_ids}
-        if pairs is not None:  # a twin the tokenizer breaks is dropped (encode_twin)
-            kept = [None if t is None else encoding.encode_twin(e, t)
-                    for t, e in zip(pairs, encoded, strict=True)]  # fmt: skip
-            pairs = [None if k is None else replace(t, position=k[1])
-                     for t, k in zip(pairs, kept, strict=True)]  # fmt: skip
-            twin_ids = [[] if k is None else k[0] for k in kept]
+        encoded, tok_meta, pairs, twin_ids = encode_all(encoding, examples, pairs)
     meta = build_meta(task, p.to_dict(), distractors, seed, n_groups, examples, tok_meta)
     if pairs is not None:
         meta["twins"] = {
             "n_twins": sum(t is not None for t in pairs),
             "hash": content_hash([t.example for t in pairs if t is not None]),
         }
-    write_atomic(to_table(examples, meta, pairs, encoded, twin_ids), out)
+    write_table(to_table(examples, meta, pairs, encoded, twin_ids), out)
     return out
+
+
+def generate_task(*, task: str, out: str | Path | None = None, n_groups: int = DEFAULT_N_GROUPS,
+                  distractors: str = "default", seed: int = DEFAULT_SEED, force: bool = False,
+                  twins: bool = False, tokenizer: str | Path | None = None,
+                  progress=None) -> tuple[Path, tuple[int, ...]]:  # fmt: skip
+    """``fbt-probe generate``: ``generate_dataset`` with the counts as the command line gives
+    them ('0,1,4', '0-16', 'default'). Returns the file written and the counts."""
+    from tasks.dataset import parse_distractors
+
+    get_task(task)
+    counts = parse_distractors(distractors)
+    path = generate_dataset(task, out, n_groups, counts, seed, force=force, progress=progress,
+                            twins=twins, tokenizer=tokenizer)  # fmt: skip
+    return path, counts

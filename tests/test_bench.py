@@ -1,18 +1,14 @@
 """The training benchmark's own accounting: its two FLOP counts (real tokens per example,
 and the padded shapes its ceiling times) must agree where nothing is padded."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.mark.parametrize(("passes", "warm"), [(1, 0), (3, 0), (2, 1)])
 def test_shape_ceiling_counts_the_flops_useful_flops_counts_on_unpadded_rows(passes, warm):
     from bench.train import shape_ceiling, useful_flops
-    from fbt_probe.train import named_config, plan_of
+    from fbt_probe.recipes import named_config
+    from fbt_probe.steps import plan_of
 
     cfg = named_config("tiny")
     examples = cfg.stream().batch(0, 16, plan_of(cfg, 0).tasks, 8)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from fbt_probe.evaluate import evaluate
+from fbt_probe.recipes import named_config
 from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
-from fbt_probe.train import TrainConfig, named_config
+from fbt_probe.train_config import TrainConfig
 from probes.extract import extract_features
 from probes.fit import cross_validate, grouped_splits
 from tasks.dataset import load

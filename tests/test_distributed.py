@@ -119,7 +119,7 @@ def test_dry_run_of_the_paper_scale_recipe(tmp_path):
 
     from cli import app
 
-    r = CliRunner().invoke(app, ["train", "--config", "paper-1b", "--dry-run", "--world-size", "8"])
+    r = CliRunner().invoke(app, ["recipe", "paper-1b", "--cost", "--world-size", "8"])
     assert r.exit_code == 0, r.output
     # the formula of docs/distributed.md, written out here
     D, L, F, V = 1536, 24, 8192, 100352

@@ -398,8 +398,16 @@ def test_train_flags_that_cannot_apply_are_refused(tmp_path):
     fresh = tmp_path / "fresh"
     r = CliRunner().invoke(app, ["train", "-c", "tiny", "--out", str(fresh), "--resume"])
     one_line_error(r, f"nothing to resume: {fresh} has no checkpoint")
+    # the flags that moved to other verbs name their replacement
     r = CliRunner().invoke(app, ["train", "-c", "tiny", "--world-size", "4", "--out", str(fresh)])
-    one_line_error(r, "--world-size goes with --dry-run")
+    one_line_error(
+        r,
+        "train --show, --dry-run and --world-size: moved to another command; use 'fbt-probe recipe",
+    )
+    r = CliRunner().invoke(app, ["train", "--seeds", "0-2", "--out", str(fresh)])
+    one_line_error(
+        r, "train --seeds: moved to another command; use 'fbt-probe seeds run --seeds 0-2 ...'"
+    )
     r = CliRunner().invoke(
         app, ["train", "-c", "tiny", "--set", "run.seed=-1", "--out", str(fresh)]
     )
@@ -557,13 +565,13 @@ def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(hf
 
 
 def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
-    import tasks.dataset
+    import tasks.files
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied")
 
     # as root a folder's mode does not stop a write: the creation of the temp file is denied
-    monkeypatch.setattr(tasks.dataset, "_create_file", denied)
+    monkeypatch.setattr(tasks.files, "_create_file", denied)
     out = tmp_path / "d.parquet"
     r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
                                  "--out", str(out)])  # fmt: skip
@@ -573,7 +581,7 @@ def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
 
 # ---- signals ------------------------------------------------------------------------------
 def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch):
-    import tasks.dataset as D
+    import tasks.files as D
 
     real = D._create_file
 
@@ -591,7 +599,7 @@ def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkey
 
 
 def test_a_ctrl_c_between_a_folders_two_replaces_puts_the_old_one_back(tmp_path, monkeypatch):
-    import tasks.dataset as D
+    import tasks.files as D
 
     out = tmp_path / "model"
     out.mkdir()

@@ -4,6 +4,7 @@ from configs here and saved with save_pretrained into temporary folders."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ import torch
 from fbt_probe.decode import generate
 from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
 from fbt_probe.hf_tiny import VOCAB, tiny_hf
+from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
+from fbt_probe.registry import resolve_model
 
 transformers = pytest.importorskip("transformers")
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -164,11 +167,11 @@ def _every(tokens):
 
 @pytest.mark.parametrize("passes", [2, None])
 def test_a_self_patch_changes_nothing_and_each_run_restores_the_cache(model, passes):
-    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     t = toks(B=3, T=11)
-    c = clean_run(model, t, passes)
-    other = clean_run(model, toks(B=3, T=11, seed=1), passes, keep_cache=False)
+    c = clean_run(model, t, Prefill(passes))
+    other = clean_run(model, toks(B=3, T=11, seed=1), Prefill(passes), keep_cache=False)
     # a patch that changes the answers, from a late position, then self patches from
     # earlier positions: each must find the clean keys and values again
     changed = patched_run(model, c, 6, [(STATE_HOOK, replace_where(_every(t), other.fed))])
@@ -180,17 +183,17 @@ def test_a_self_patch_changes_nothing_and_each_run_restores_the_cache(model, pas
 
 @pytest.mark.parametrize("passes", [2, None])
 def test_interchanging_every_state_and_token_gives_the_other_run(model, passes):
-    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     a, b = toks(B=2, T=10, seed=2), toks(B=2, T=10, seed=3)
-    c = clean_run(model, a, passes)
-    w = clean_run(model, b, passes, keep_cache=False)
+    c = clean_run(model, a, Prefill(passes))
+    w = clean_run(model, b, Prefill(passes), keep_cache=False)
     lg = patched_run(model, c, 0, [(STATE_HOOK, replace_where(_every(a), w.fed))], emb=w.emb)
     torch.testing.assert_close(lg, w.logits, **TOL)
 
 
 def test_a_recurrence_patch_resumed_from_t_equals_the_whole_patched_recurrence(model):
-    from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     a, t = toks(B=2, T=12, seed=4), 7
     mask = torch.zeros_like(a, dtype=torch.bool)
@@ -198,15 +201,30 @@ def test_a_recurrence_patch_resumed_from_t_equals_the_whole_patched_recurrence(m
     hook = (STATE_HOOK, replace_where(mask, torch.zeros(*a.shape, model.cfg.d_model)))
     with model.hooks(fwd_hooks=[hook]):
         whole = run_recurrence(model, a)
-    c = clean_run(model, a, None)
+    c = clean_run(model, a, Prefill(None))
     torch.testing.assert_close(whole.logits[:, :t], c.logits[:, :t], atol=0, rtol=0)
     torch.testing.assert_close(patched_run(model, c, t, [hook]), whole.logits[:, t:], **TOL)
 
 
 def test_a_hugging_face_stack_is_never_started_from_a_depth(model):
-    from fbt_probe.interventions import clean_run, patched_run
+    from fbt_probe.patching import clean_run, patched_run
 
-    c = clean_run(model, toks(), 2)
+    c = clean_run(model, toks(), Prefill(2))
     assert not model.skips_layers and c.resid is None
     with pytest.raises(ValueError, match="runs its stack whole"):
         patched_run(model, c, 1, [], from_layer=1)
+
+
+def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "tiny_hf_model.py"
+    out = tmp_path / "m"
+    r = subprocess.run([sys.executable, str(script), str(out), "--family", "gpt2"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    model, _ = resolve_model(str(out))
+    assert model.cfg.architecture == "GPT2LMHeadModel" and model.encoding is not None
+    again = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
+    assert again.returncode == 1 and "exists" in again.stderr

@@ -148,9 +148,9 @@ def _multipass_loss(folder, passes=2):
     m = load_hf(folder)
     b = heldout_batch(("delayed_memory", "done_tracking"), n_groups=4, distractors=(1, 4, 16),
                       encoding=m.encoding)  # fmt: skip
-    from fbt_probe.train import Batch
+    from fbt_probe.steps import TrainBatch
 
-    batch = Batch(b.tokens, b.targets, b.answer, b.valid.sum(1), b.valid.sum(1), [])
+    batch = TrainBatch(b.tokens, b.targets, b.answer, b.valid.sum(1), b.valid.sum(1), [])
     with torch.no_grad():
         loss, _ = multipass_loss(m, batch, passes, named_config("tiny"))
     return float(loss) / passes
@@ -203,14 +203,16 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
 
 def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
     from fbt_probe.hf import load_hf
-    from fbt_probe.interventions import STATE_HOOK
+    from fbt_probe.patching import STATE_HOOK
     from probes.intervene import Key, run_battery
+    from probes.interventions import REGISTRY
     from tasks.generate import generate_dataset
 
+    UNDIRECTED = tuple(k for k, v in REGISTRY.items() if not v.directions)
     m = load_hf(llama, fusion="none")
     path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
                             distractors=(2, 6), seed=11, twins=True, tokenizer=llama)  # fmt: skip
-    rec, _, _ = run_battery(m, load(path), "full", cache_dir=None, probe_interventions=False)
+    rec, _, _ = run_battery(m, load(path), "full", cache_dir=None, kinds=UNDIRECTED)
     c, f, ld = rec.hits[Key("clean", "", "")]
     state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
     assert len(state) == 1 + 4 * 6 + 1 + 1
@@ -226,7 +228,7 @@ def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(lla
 def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
     import pandas as pd
 
-    from probes.intervene import INTERVENTIONS
+    from probes.interventions import REGISTRY as INTERVENTIONS
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "dm.parquet"

@@ -11,20 +11,14 @@ import pytest
 import torch
 
 from fbt_probe.config import FBTConfig
-from fbt_probe.interventions import STATE_HOOK, clean_run, patched_run, replace_where
 from fbt_probe.model import FBTModel
+from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
-from probes.intervene import (
-    COLUMNS,
-    INTERVENTIONS,
-    Key,
-    batches,
-    fit_leace,
-    pairs_of,
-    run_battery,
-    summarise,
-    window_mask,
-)
+from probes.erasers import fit_leace
+from probes.intervene import COLUMNS, Key, run_battery, summarise
+from probes.interventions import REGISTRY
+from probes.twins import batches, pairs_of, window_mask
 from tasks import delayed_memory, done_tracking, get_task, multi_register, vocab
 from tasks.base import STREAM_PROBE, generate_groups, generate_twins
 from tasks.dataset import load
@@ -32,6 +26,8 @@ from tasks.generate import generate_dataset
 from tests.oracle import interpret
 
 TASKS = ("delayed_memory", "done_tracking", "multi_register")
+# the kinds that need no erasers or probe directions (no grouped folds)
+UNDIRECTED = tuple(k for k, v in REGISTRY.items() if not v.directions)
 
 
 def _twins(task, n_groups=24, counts=(0, 3, 17)):
@@ -123,7 +119,7 @@ def _at_answer(logits, b, start=0):
 def test_self_patch_changes_nothing(tmp_path, passes):
     m = _model()
     _, _, b = _batch("done_tracking", tmp=tmp_path)
-    c = clean_run(m, b.tokens, passes)
+    c = clean_run(m, b.tokens, Prefill(passes))
     for window in ("all", "last4"):
         mask = window_mask(window, b)
         s = int(mask.any(0).nonzero()[0])
@@ -135,8 +131,8 @@ def test_self_patch_changes_nothing(tmp_path, passes):
 def test_interchanging_every_state_and_token_gives_the_twin(tmp_path, passes):
     m = _model()
     _, _, b = _batch("multi_register", counts=(3,), tmp=tmp_path)
-    c = clean_run(m, b.tokens, passes)
-    w = clean_run(m, b.twin_tokens, passes, keep_cache=False)
+    c = clean_run(m, b.tokens, Prefill(passes))
+    w = clean_run(m, b.twin_tokens, Prefill(passes), keep_cache=False)
     every = torch.ones_like(b.tokens, dtype=torch.bool)
     lg = patched_run(m, c, 0, [(STATE_HOOK, replace_where(every, w.fed))], emb=w.emb)
     torch.testing.assert_close(lg, w.logits, atol=1e-5, rtol=0)
@@ -160,7 +156,7 @@ def test_a_recurrence_patch_at_t_leaves_earlier_positions_bit_identical(tmp_path
     later = (patched.states[:, t:] - clean.states[:, t:]).abs().amax(dim=(0, 2))
     assert bool((later > 0).all())
     # the resumed run from t gives the same patched logits as the whole recurrence
-    c = clean_run(m, b.tokens, None)
+    c = clean_run(m, b.tokens, Prefill(None))
     lg = patched_run(m, c, t, [(STATE_HOOK, replace_where(mask, torch.zeros(*b.tokens.shape, 32)))])
     torch.testing.assert_close(lg, patched.logits[:, t:], atol=1e-5, rtol=0)
 
@@ -170,7 +166,7 @@ def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path,
     m = _model(fusion="none")
     path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=10,
                             distractors=(2, 6), seed=11, twins=True)  # fmt: skip
-    rec, pairs, _ = run_battery(m, load(path), prefill, cache_dir=None, probe_interventions=False)
+    rec, pairs, _ = run_battery(m, load(path), prefill, cache_dir=None, kinds=UNDIRECTED)
     c, f, ld = rec.hits[Key("clean", "", "")]
     state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
     assert len(state) == 1 + 4 * 6 + 1 + (1 if prefill == "full" else 0)
@@ -184,7 +180,7 @@ def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path,
 
 
 def test_leace_leaves_the_probe_at_chance_on_held_out_features():
-    from probes.intervene import erase
+    from probes.erasers import erase
     from probes.probe import LogisticProbe
 
     rng = np.random.default_rng(0)
@@ -210,7 +206,7 @@ def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
     rec, pairs, info = run_battery(m, ds, "full", cache_dir=tmp_path / "cache")
     df = summarise(rec, pairs, "done_tracking", "full", 0)
     assert list(df.columns) == COLUMNS
-    assert set(df.intervention) == set(INTERVENTIONS)
+    assert set(df.intervention) == set(REGISTRY)
     assert (df.ci_low <= df.value + 1e-9).all() and (df.value <= df.ci_high + 1e-9).all()
     rates = df[df.metric != "logit_diff"]
     assert rates.value.between(0, 1).all()
@@ -225,7 +221,7 @@ def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
 
 
 def test_steering_moves_the_projection_by_alpha_sigmas(tmp_path):
-    from probes.intervene import depth_tools
+    from probes.erasers import depth_tools
 
     path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=20,
                             distractors=(1, 3), seed=11, twins=True)  # fmt: skip
@@ -273,7 +269,7 @@ def test_intervene_command_on_the_default_model(tmp_path):
              str(data), "--out", str(out), cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(out / "interventions.csv")
-    assert list(df.columns) == COLUMNS and set(df.intervention) == set(INTERVENTIONS)
+    assert list(df.columns) == COLUMNS and set(df.intervention) == set(REGISTRY)
     meta = json.loads((out / "interventions.json").read_text())
     assert meta["runs"][0]["n_pairs"] == 20 and meta["runs"][0]["clean_accuracy"] == 1.0
     for stem in ("interchange_delayed_memory", "depth_delayed_memory", "steering_delayed_memory"):
@@ -315,9 +311,9 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     # decodable (probe ~1.0); after LEACE fitted on the training folds a fresh probe trained
     # and tested on erased features is at chance
     from fbt_probe.registry import resolve_model
+    from probes.erasers import erase
     from probes.extract import extract_features
     from probes.fit import grouped_splits
-    from probes.intervene import erase
     from probes.probe import LogisticProbe
 
     model, _ = resolve_model("default")
@@ -342,7 +338,7 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
     # block gives (the recurrence: with the answer at the colon, nothing after it is read)
     m = _model()
     _, _, b = _batch("delayed_memory", counts=(5,), tmp=tmp_path)
-    c = clean_run(m, b.tokens, passes)
+    c = clean_run(m, b.tokens, Prefill(passes))
     colon = b.positions() == b.colon[:, None]
     s = int(b.colon.min())
     push = torch.randn(32, generator=torch.Generator().manual_seed(0))
@@ -359,7 +355,8 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
 def test_steering_uses_a_fits_saved_probes(tmp_path):
     from fbt_probe.registry import resolve_model
     from probes.artifacts import find, load_probes
-    from probes.intervene import class_vectors, run_intervene
+    from probes.erasers import class_vectors
+    from probes.intervene import run_intervene
     from probes.run import run_fit
 
     model, name = resolve_model("default")
@@ -378,4 +375,45 @@ def test_steering_uses_a_fits_saved_probes(tmp_path):
     first, second = p.meta["classes"]
     vec = class_vectors(p.direction(), p.meta["classes"])
     np.testing.assert_allclose(vec[second] - vec[first], p.direction()[0])
-    assert set(df.intervention) == set(INTERVENTIONS)
+    assert set(df.intervention) == set(REGISTRY)
+
+
+def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    import probes.interventions as I
+    from cli import app
+
+    def double_state(ctx, where):  # every fed-back state twice as long, in the window 'all'
+        if where.kind != "window" or where.name != "all" or not ctx.feedback:
+            return []
+        m = window_mask(where.name, ctx.b)
+        return [ctx.state_patch("double_state", where.name, m, 2 * ctx.clean.fed)]
+
+    I.register("double_state", double_state)
+    try:
+        assert list(I.REGISTRY)[:10] == ["interchange_state", "zero_state", "mean_state",
+                                         "resample_state", "interchange_token", "erase_probe",
+                                         "erase_random", "steer_probe", "steer_random", "self"]  # fmt: skip
+        data = tmp_path / "dm.parquet"
+        r = CliRunner().invoke(app, ["generate", "-t", "delayed_memory", "--n-groups", "8",
+                                     "--distractors", "1,5", "--twins", "--out", str(data)])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        out = tmp_path / "iv"
+        r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--out", str(out),
+                                     "--intervention", "double_state,self"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        df = pd.read_csv(out / "interventions.csv")
+        assert list(dict.fromkeys(df.intervention)) == ["self", "double_state"]
+        assert set(df.positions[df.intervention == "double_state"]) == {"all"}
+        acc = df[df.metric == "accuracy"].set_index("intervention").value
+        assert acc["self"] == 1.0  # the exact check: the default model answers all of these
+        assert json.loads((out / "interventions.json").read_text())["interventions"] == [
+            "double_state", "self"]  # fmt: skip
+        r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--out", str(out),
+                                     "--intervention", "nope"])  # fmt: skip
+        assert r.exit_code == 1
+        assert r.stderr.strip().splitlines() == [
+            "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)]  # fmt: skip
+    finally:
+        I.REGISTRY.pop("double_state", None)

@@ -148,22 +148,25 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
 
 @torch.no_grad()
 def test_the_schedules_smear_share_moves_the_keys_between_plain_and_learned():
+    from fbt_probe.train import smear_hooks
+
     plain = FBTModel(build_cfg(), seed=3).eval()
     smeared = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
     for blk in smeared.blocks:
         blk.attn.smear.copy_(torch.tensor([-3.0, -0.5, 0.7, 4.0]))
     t = toks()
     learned = smeared(t, passes=2).states
-    smeared.smear_scale(0.0)  # every key plain: the same seed's plain model
-    torch.testing.assert_close(smeared(t, passes=2).states, plain(t, passes=2).states, **TOL)
-    smeared.smear_scale(0.3)  # 30 % of each head's previous-key weight: a = 1 - 0.3 (1 - a)
-    partial = smeared(t, passes=1).states
+    with smeared.hooks(fwd_hooks=smear_hooks(smeared, 0.0)):  # every key plain
+        torch.testing.assert_close(smeared(t, passes=2).states, plain(t, passes=2).states, **TOL)
+    # 30 % of each head's previous-key weight: a = 1 - 0.3 (1 - a)
+    with smeared.hooks(fwd_hooks=smear_hooks(smeared, 0.3)):
+        partial = smeared(t, passes=1).states
     ref = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
     for blk, src in zip(ref.blocks, smeared.blocks, strict=True):
         a = 1 - 0.3 * (1 - torch.sigmoid(src.attn.smear))
         blk.attn.smear.copy_(torch.logit(a.double()).float())
     torch.testing.assert_close(partial, reference_stack(ref, reference_embed(ref, t)), **TOL)
-    smeared.smear_scale(1.0)
+    assert smear_hooks(smeared, 1.0) == []
     assert torch.equal(smeared(t, passes=2).states, learned)
     # the partial share is neither end: 10x the tolerance away from plain, and short of learned
     gap = (partial - plain(t, passes=1).states).abs().max()
@@ -338,13 +341,22 @@ def test_soft_equals_recurrence_with_prompt_as_prefix(model):
 
 
 def test_jitter_only_in_training(model):
+    from fbt_probe.steps import JitterNoise
+    from fbt_probe.train import jitter_hook
+
     t = toks()
+    hook = jitter_hook(model, JitterNoise(3, t.shape[1], model.cfg.d_model), torch.arange(len(t)))
     with torch.no_grad():
-        a, b = model(t, passes=2).states, model(t, passes=2).states
-        assert torch.equal(a, b)
+        a = model(t, passes=2).states
+        with model.hooks(fwd_hooks=[hook]):
+            b = model(t, passes=2).states  # eval mode: the training hook adds nothing
+            model.train()
+            c = model(t, passes=2).states
+            model.eval()
         model.train()
-        c = model(t, passes=2).states
+        d = model(t, passes=2).states  # train mode alone: the model itself never jitters
         model.eval()
+    assert torch.equal(a, b) and torch.equal(a, d)
     assert not torch.equal(a, c) and (a - c).abs().max() < 1.0
 
 

@@ -115,8 +115,10 @@ def test_plot_cli_errors_without_results(tmp_path):
 
 def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0) -> pd.DataFrame:
     """A hand-made interventions table: delayed_memory under recurrent prefill, 3 depths."""
-    from probes.intervene import ALPHAS, STATE_HOOK, TOKEN_SITE, WINDOWS
+    from fbt_probe.patching import STATE_HOOK
     from probes.intervene import COLUMNS as IV_COLUMNS
+    from probes.interventions import ALPHAS, TOKEN_SITE
+    from probes.twins import WINDOWS
 
     rng = np.random.default_rng(1)
     rows = []
@@ -173,7 +175,7 @@ def test_intervention_figures_show_the_table(tmp_path):
      (0.1, 0.1, 1.0, "both, redundantly"), (0.1, 0.1, 0.3, "say nothing")],
 )  # fmt: skip
 def test_the_headline_reads_the_two_interchanges(state, token, clean, words):
-    from probes.intervene import headline
+    from probes.report import headline
 
     line = headline(_interventions(state, token, clean), "delayed_memory", "recurrent")
     assert words in line and f"{state:.3f}" in line

@@ -12,14 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe import migrate
 from fbt_probe.recipes import load_recipe, named_config, recipe_names
 from fbt_probe.schedule import Phase, plan_at, table, validate
-from fbt_probe.train import TrainConfig, plan_of, stream_digest
+from fbt_probe.steps import plan_of, stream_digest
+from fbt_probe.train_config import TrainConfig
 
 DATA = Path(__file__).parent / "data"
 DIGESTS = json.loads((DATA / "stream_digests.json").read_text())
-FLAT = json.loads((DATA / "flat_recipes.json").read_text())
 T3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
 
 
@@ -77,8 +76,12 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
         {"until": 1.0, "soft": 0.6, "ramp": ["soft"]},
     ]
     cfg = TrainConfig.from_dict(
-        {"steps": 200, "model": {"smear_keys": True}, "objective": {"prefix_mixin": False},
-         "schedule": sched}  # fmt: skip
+        {
+            "steps": 200,
+            "model": {"smear_keys": True},
+            "objective": {"prefix_mixin": False},
+            "schedule": sched,
+        }  # fmt: skip
     )
     s = cfg.schedule
     at = lambda f: plan_at(s, f)  # noqa: E731
@@ -87,7 +90,7 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
     # before any phase sets them: no soft examples, the smear as learned
     bare = phases({"until": 1.0, "tasks": T3, "passes": [1], "n_max": 8})
     assert (plan_at(bare, 0.5).soft, plan_at(bare, 0.5).smear) == (0.0, 1.0)
-    from fbt_probe.train import draw_step
+    from fbt_probe.steps import draw_step
 
     stream, whole, plain, n = cfg.stream(), 0, 0, 0
     for step in range(200):
@@ -116,8 +119,10 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
             r"schedule\[0\].soft is a share in \[0, 1\]",
         ),
         (
-            [{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8, "smear": 0.0},
-             {"until": 1.0, "smear": 0.5, "ramp": ["smear"]}],  # fmt: skip
+            [
+                {"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8, "smear": 0.0},
+                {"until": 1.0, "smear": 0.5, "ramp": ["smear"]},
+            ],  # fmt: skip
             "smear must end at 1",
         ),
         ([{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8}], "last phase must end at 1"),
@@ -199,46 +204,19 @@ def test_recipe_files_draw_the_recorded_training_stream(name):
     assert got["digest"] == DIGESTS[name]["digest"]
 
 
-@pytest.mark.parametrize("name", ["default", "three-tasks"])
-def test_flat_configs_migrate_to_the_same_training_stream(name):
-    cfg = TrainConfig.from_dict(FLAT[name])
-    assert stream_digest(cfg)["digest"] == DIGESTS[name]["digest"]
-    # and to the same settings as the recipe file, the schedule aside
-    rec = named_config(name)
-    for f in ("model", "steps", "optim", "objective", "data", "deep_batches", "fixed_point", "run"):
-        assert getattr(cfg, f) == getattr(rec, f), f
-
-
-def test_every_flat_recipe_migrates_to_the_plans_of_its_file():
-    # cheaper than a digest per recipe: the same plan at every step
-    for name, flat in FLAT.items():
-        old, new = TrainConfig.from_dict(flat), named_config(name)
-        assert old.steps == new.steps and old.tasks == new.tasks
-        for step in range(old.steps):
-            a, b = plan_of(old, step), plan_of(new, step)
-            assert a.phase >= 0 and (a.n_max, a.frozen, a.overwrites, a.fixed_point) == (
-                b.n_max, b.frozen, b.overwrites, b.fixed_point
-            ), (name, step)  # fmt: skip
-            np.testing.assert_allclose(a.tasks, b.tasks, rtol=0, atol=1e-15)
-            np.testing.assert_allclose(a.passes, b.passes, rtol=0, atol=1e-15)
-
-
-def test_old_run_folder_configs_load_through_the_migration():
-    # the D recipe's config as a run folder wrote it (flat, before fixed-point and deep batches)
-    d = json.loads((DATA / "D_train_config.json").read_text())
-    assert migrate.is_flat(d)
-    cfg = TrainConfig.from_dict(d)
-    assert stream_digest(cfg)["digest"] == DIGESTS["D"]["digest"]
-    # keys it predates keep the meaning they had: no deep-pass, no fixed-point batches
-    assert cfg.deep_batches.passes == 0 and all(not p.fixed_point for p in cfg.schedule)
-    # the grouped form round-trips
-    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    for bad, msg in (
-        ({**d, "colour": 1}, "unknown key 'colour'"),
-        ({**d, "mix_ramp_frac": "slow"}, "mix_ramp_frac must be a number"),
-    ):
-        with pytest.raises(ValueError, match=msg):
-            TrainConfig.from_dict(bad)
+def test_a_flat_config_of_version_0_1_gets_one_line_saying_what_to_do(tmp_path):
+    flat = {"name": "old", "steps": 100, "pass_mix": [0.75, 0.22, 0.03], "lr": 2e-3}
+    with pytest.raises(ValueError, match=r"flat format of fbt-probe 0.1 \(pass_mix, ...\)"):
+        TrainConfig.from_dict(flat)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(flat))
+    r = CliRunner().invoke(app, ["recipe", str(path)])
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines() == [
+        "error: recipe old is in the flat format of fbt-probe 0.1 (pass_mix, ...), which "
+        "fbt-probe 0.2 no longer reads: write it as a recipe of groups and phases "
+        "(docs/training.md)"
+    ]
 
 
 def test_the_shipped_default_model_folder_loads_its_config():
@@ -378,9 +356,7 @@ def test_train_cli_tiny_out_and_show(tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads((out / "metrics.json").read_text())["steps_done"] == 40
     shown_out = tmp_path / "shown"
-    r = CliRunner().invoke(
-        app, ["train", "--show", "--set", "schedule.0.n_max=16", "--out", str(shown_out)]
-    )
+    r = CliRunner().invoke(app, ["recipe", "--set", "schedule.0.n_max=16"])
     assert r.exit_code == 0 and not shown_out.exists(), r.output
     shown = json.loads(r.stdout[: r.stdout.index("\n\n| phase")])
     assert shown["schedule"][0]["n_max"] == 16 and "| phase | until |" in r.stdout

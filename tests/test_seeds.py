@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from fbt_probe.recipes import load_recipe
+from fbt_probe.recipes import load_recipe, named_config
 from fbt_probe.train import train
 from probes.seeds import meets, parse_seeds, run_seed_study
 
@@ -60,19 +61,11 @@ def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
     line = next(line for line in md.splitlines() if line.startswith(f"| {k} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]  # measure, seed 0, seed 1, mean, ...
     assert cells[2] == f"{rows['1'][k]:.3f} [{lo:.3f}, {hi:.3f}]"
-    # a second call trains nothing and reads the cached rows; a row cached without intervals
-    # gets them from the fit results it was measured with
+    # a second call trains nothing and reads the cached rows
     calls.clear()
-    cached = tmp_path / "seed-1" / "seed_row.json"
-    old = json.loads(cached.read_text())
-    cached.write_text(json.dumps({k: v for k, v in old.items() if not k.startswith("ci_")}))
     run_seed_study(cfg, [0, 1], tmp_path, one, eval_groups=5, probe_groups=6)
     assert calls == []
-    again = json.loads((tmp_path / "seed_rows.json").read_text())
-    assert again.keys() == rows.keys() and again["0"] == rows["0"]
-    assert again["1"].keys() == rows["1"].keys()
-    for k, v in rows["1"].items():  # intervals read back from the CSV (6 digits)
-        assert again["1"][k] == (pytest.approx(v, abs=1e-5) if k.startswith("ci_") else v)
+    assert json.loads((tmp_path / "seed_rows.json").read_text()) == rows
     # the same recipe under another name keeps the finished seeds; another recipe is refused
     run_seed_study(cfg.with_overrides({"name": "renamed"}), [0, 1], tmp_path, one,
                    eval_groups=5, probe_groups=6)  # fmt: skip
@@ -95,3 +88,70 @@ def test_targets_read_from_a_row():
     assert got["answers >= 0.99"] and got["multi_register >= 0.95 per register"]
     assert not got["layer-0 probe recurrent >= 0.99"]  # done_tracking's 0.98
     assert got["standard prefill at chance"]
+
+
+# ---- fbt-probe seeds merge -----------------------------------------------------------------
+def merge(*studies, out):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    args = ["seeds", "merge", *map(str, studies), "--out", str(out)]
+    return CliRunner().invoke(app, args)
+
+
+def _split_study(tmp_path, seeds_per_part):
+    """The committed smear-ramp study cut into parts, one folder each: ``seeds_per_part``
+    picks each part's seeds from the study's seeds in order."""
+    src = Path(__file__).resolve().parents[1] / "figures" / "seeds" / "smear-ramp"
+    rows = json.loads((src / "seed_rows.json").read_text())
+    parts = []
+    for i, pick in enumerate(seeds_per_part):
+        seeds = pick(sorted(rows, key=int))
+        d = tmp_path / f"part{i}"
+        d.mkdir()
+        (d / "seed_rows.json").write_text(json.dumps({s: rows[s] for s in seeds}))
+        parts.append(d)
+    return src, parts
+
+
+def test_merge_seeds_of_a_study_cut_in_parts_gives_the_studys_own_table(tmp_path):
+    # the last seed alone, then every seed (the last one again, with the same row)
+    src, parts = _split_study(tmp_path, [lambda ss: ss[-1:], lambda ss: ss])
+    r = merge(*parts, out=tmp_path / "m")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "m"
+    assert (out / "seed_table.md").read_text() == (src / "seed_table.md").read_text()
+    assert json.loads((out / "seed_rows.json").read_text()) == json.loads(
+        (src / "seed_rows.json").read_text()
+    )
+    assert (out / "seeds.png").stat().st_size > 0
+    assert "recipe not checked" in r.output
+    assert (src / "seed_table.md").read_text().splitlines()[0] in r.output
+
+
+def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path):
+    _, (a, b) = _split_study(tmp_path, [lambda ss: ["0"], lambda ss: ["2"]])
+    bad = json.loads((b / "seed_rows.json").read_text())
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "seed_rows.json").write_text(
+        json.dumps({"0": {**bad["2"], "done_tracking/standard": 0.5}})
+    )
+    r = merge(a, tmp_path / "c", out=tmp_path / "m")
+    assert r.exit_code == 1 and "seed 0 has different rows" in r.output
+    assert not (tmp_path / "m").exists()
+    # the same recipe on two seeds merges; another recipe is refused by name
+    cfg = named_config("smeared-keys")
+    for d, s, c in ((a, 0, cfg), (b, 2, cfg)):
+        (d / f"seed-{s}").mkdir()
+        c2 = c.with_overrides({"run.seed": s, "name": f"x-seed{s}"})
+        (d / f"seed-{s}" / "train_config.json").write_text(json.dumps(c2.to_dict()))
+    r = merge(a, b, out=tmp_path / "m")
+    assert r.exit_code == 0 and "recipe not checked" not in r.output
+    other = cfg.with_overrides({"run.seed": 2, "steps": 100})
+    (b / "seed-2" / "train_config.json").write_text(json.dumps(other.to_dict()))
+    r = merge(a, b, out=tmp_path / "m2")
+    assert r.exit_code == 1 and "seed-2 was trained with another recipe" in r.output
+    r = merge(tmp_path / "none", out=tmp_path / "m3")
+    assert r.exit_code == 1 and "no seed_rows.json" in r.output
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()

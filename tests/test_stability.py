@@ -13,7 +13,7 @@ from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
 from fbt_probe.model import FBTModel
-from fbt_probe.stability import Batch, jacobi_trajectory, long_soft_decoding, verdict
+from fbt_probe.stability import HeldoutBatch, jacobi_trajectory, long_soft_decoding, verdict
 
 
 def batch(B=4, T=40, seed=0):
@@ -22,7 +22,7 @@ def batch(B=4, T=40, seed=0):
     targets = torch.cat([tokens[:, 1:], torch.full((B, 1), -100)], 1)
     answer = torch.zeros(B, T, dtype=torch.bool)
     answer[:, -2] = True
-    return Batch(tokens, targets, answer, torch.ones(B, T, dtype=torch.bool))
+    return HeldoutBatch(tokens, targets, answer, torch.ones(B, T, dtype=torch.bool))
 
 
 def model_with_wu_scale(scale: float, seed: int = 0, fusion: str = "gated") -> FBTModel:

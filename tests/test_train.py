@@ -11,21 +11,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import fbt_probe.steps as S
 import fbt_probe.train as T
 from cli import app
 from fbt_probe.checkpoint import load_model
+from fbt_probe.device import resolve_device
 from fbt_probe.evaluate import evaluate
 from fbt_probe.model import FBTModel
-from fbt_probe.train import (
-    TrainConfig,
-    lr_at,
-    make_batch,
-    multipass_loss,
-    named_config,
-    plan_of,
-    resolve_device,
-    train,
-)
+from fbt_probe.recipes import named_config
+from fbt_probe.steps import lr_at, make_batch, plan_of
+from fbt_probe.train import multipass_loss, train
+from fbt_probe.train_config import TrainConfig
 from tasks import get_task
 
 TASKS3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
@@ -50,7 +46,7 @@ def test_learning_rate_schedule():
 
 
 def test_deep_pass_batches_draw_long_counts():
-    from fbt_probe.train import step_examples
+    from fbt_probe.steps import step_examples
 
     cfg = TrainConfig.from_dict({"deep_batches": {"passes": 4, "batch_size": 8, "n_min": 100}})
     s = cfg.stream()
@@ -84,7 +80,8 @@ def test_deep_pass_batches_draw_long_counts():
 
 def test_fixed_point_batches():
     from fbt_probe.model import FBTModel
-    from fbt_probe.train import fixed_point_draw, warm_states
+    from fbt_probe.steps import fixed_point_draw
+    from fbt_probe.train import warm_states
 
     sched = [
         {"until": 0.5, "tasks": TASKS3, "passes": [1.0], "n_max": 16},
@@ -577,12 +574,12 @@ def test_cuda_training_matches_cpu(tmp_path):
 
 def test_length_buckets_partition_the_rows_and_cut_the_padding():
     lengths = [12, 250, 14, 240, 13, 120, 11, 118, 245, 15]
-    parts = T.length_buckets(lengths)
+    parts = S.length_buckets(lengths)
     assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
     assert all([lengths[i] for i in p] == sorted(lengths[i] for i in p) for p in parts)
     padded = sum(len(p) * max(lengths[i] for i in p) for p in parts)
     assert 1 < len(parts) < len(lengths) and padded < 0.6 * len(lengths) * max(lengths)
-    assert T.length_buckets([40] * 8) == [list(range(8))]  # equal lengths: one batch
+    assert S.length_buckets([40] * 8) == [list(range(8))]  # equal lengths: one batch
 
 
 def _step_grads(cfg, draw):
@@ -599,17 +596,17 @@ def test_a_length_bucketed_step_equals_the_whole_batch_step():
     plain multi-pass step and for a fixed-point step with exact warm states."""
     cfg = named_config("default")
     stream = cfg.stream()
-    plain = T.draw_step(cfg, stream, 1610)  # long counts, two passes
+    plain = S.draw_step(cfg, stream, 1610)  # long counts, two passes
     fixed = next(
         d
         for s in range(2000, 2300)
-        if (d := T.draw_step(cfg, stream, s)).warm
-        and len(T.length_buckets([len(ex.tokens) for ex in d.examples])) > 1
+        if (d := S.draw_step(cfg, stream, s)).warm
+        and len(S.length_buckets([len(ex.tokens) for ex in d.examples])) > 1
     )
     whole = cfg.with_overrides({"run.length_buckets": False})
     for draw in (plain, fixed):
         lengths = [len(ex.tokens) for ex in draw.examples]
-        assert len(T.length_buckets(lengths)) > 1
+        assert len(S.length_buckets(lengths)) > 1
         l0, s0, n0, g0 = _step_grads(whole, draw)
         l1, s1, n1, g1 = _step_grads(cfg, draw)
         assert n0 == n1 == sum(lengths)
@@ -622,7 +619,7 @@ def test_a_length_bucketed_step_equals_the_whole_batch_step():
 
 
 def test_jitter_noise_depends_on_the_row_not_on_the_split():
-    from fbt_probe.model import JitterNoise
+    from fbt_probe.steps import JitterNoise
 
     a, b = JitterNoise(7, 20, 4), JitterNoise(7, 20, 4)
     whole = a.take(1, torch.arange(6), 20)

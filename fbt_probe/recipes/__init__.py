@@ -4,8 +4,7 @@ A recipe file holds only what it changes. ``base`` names what it changes: a buil
 or another file (default: the ``default`` recipe; ``"none"`` = the code defaults of
 ``TrainConfig``). Groups (``[optim]``, ``[model]``, ...) merge key by key into the base's;
 every other value, the ``schedule`` included, replaces the base's. A quoted dotted key
-(``"schedule.2.passes" = [...]``) changes one item, as ``--set`` does. A file in the flat
-format of fbt-probe 0.1 is read through ``fbt_probe.migrate`` instead, with its old meaning.
+(``"schedule.2.passes" = [...]``) changes one item, as ``--set`` does.
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from fbt_probe import migrate
-from fbt_probe.train_config import GROUPS, TrainConfig, set_path
+from fbt_probe.train_config import GROUPS, TrainConfig, refuse_flat, set_path
 
 RECIPE_DIR = Path(__file__).resolve().parent
 
@@ -55,8 +53,7 @@ def _merge(base: dict, change: dict) -> dict:
 def resolve(d: dict, name: str, seen: tuple[str, ...] = ()) -> TrainConfig:
     """The config that recipe dict ``d`` (named ``name``) describes, its base applied;
     ``seen`` holds the files already on the way here (a cycle of bases is an error)."""
-    if migrate.is_flat(d):
-        return TrainConfig.from_dict(d)
+    refuse_flat(d, f"recipe {name}")
     d = dict(d)
     base = d.pop("base", "default")
     if not isinstance(base, str):
@@ -96,3 +93,50 @@ def named_config(name: str) -> TrainConfig:
     if not (RECIPE_DIR / f"{name}.toml").is_file() or "/" in name:
         raise ValueError(f"unknown config {name!r}; choose from {', '.join(recipe_names())}")
     return load_recipe(name)
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``--set key=value`` pairs; values parsed as JSON when they can be (numbers, lists, true)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def build_recipe(*, config: str | None = None, overrides: list[str] | None = None,
+                 init_from: str | Path | None = None, run_dir: Path | None = None) -> TrainConfig:  # fmt: skip
+    """The recipe a command trains: ``config`` (a name or a file; default 'default', or the
+    recipe ``run_dir`` was started with when it has one), ``--set`` ``overrides`` applied,
+    and ``init_from`` a model folder to start from."""
+    if config is None:
+        own = Path(run_dir) / "train_config.json" if run_dir is not None else None
+        config = str(own) if own is not None and own.is_file() else "default"
+    cfg = load_recipe(config).with_overrides(parse_overrides(overrides))
+    if init_from is not None:
+        if not Path(init_from).is_dir():
+            raise ValueError(
+                f"--init-from {init_from}: no such model folder (nothing is downloaded)"
+            )
+        cfg = cfg.with_overrides({"init_from": str(init_from)})
+    return cfg
+
+
+def describe(*, config: str | None = None, overrides: list[str] | None = None,
+             init_from: str | Path | None = None, cost: bool = False, world_size: int = 8) -> str:  # fmt: skip
+    """``fbt-probe recipe``: the resolved recipe (JSON) and its phase table, or with ``cost``
+    its parameter count, FLOPs per token and memory per rank over ``world_size`` ranks (the
+    model built on the meta device: nothing allocated, nothing trained)."""
+    cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)
+    if cost:
+        from fbt_probe.costs import dry_run
+
+        return dry_run(cfg, world_size)
+    from fbt_probe.schedule import table
+
+    return json.dumps(cfg.to_dict(), indent=2) + "\n\n" + table(cfg.schedule)

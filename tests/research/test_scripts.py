@@ -1,9 +1,8 @@
-"""scripts/full_recurrence_errors.py against `evaluate` on the same held-out prompts."""
+"""The research scripts (research/, one question each) against the library they build on."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +11,13 @@ import pytest
 from fbt_probe.decode import generate_ragged
 from fbt_probe.evaluate import evaluate, heldout_examples
 from fbt_probe.model import FBTModel
+from fbt_probe.recipes import named_config
 from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
-from fbt_probe.train import named_config
 from tasks import vocab
 
 
 def _script(name: str):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / "research" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -62,21 +61,6 @@ def test_full_recurrence_errors_of_the_default_model():
     model, _ = resolve_model("default")
     r = _check_against_eval(model.eval(), n_groups=16, passes=6)
     assert len(r["wrong"]) <= 0.08 * r["n_prompts"]
-
-
-def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path):
-    import subprocess
-    import sys
-
-    script = Path(__file__).resolve().parent.parent / "scripts" / "tiny_hf_model.py"
-    out = tmp_path / "m"
-    r = subprocess.run([sys.executable, str(script), str(out), "--family", "gpt2"],
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    model, _ = resolve_model(str(out))
-    assert model.cfg.architecture == "GPT2LMHeadModel" and model.encoding is not None
-    again = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
-    assert again.returncode == 1 and "exists" in again.stderr
 
 
 def test_binding_heads_finds_the_default_models_lookup_head_and_none_at_random_init():
@@ -212,59 +196,3 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     for bad in (["no/such/model"], ["default", "--probe", "svm"], ["default", "--depth", "9"]):
         assert pe.main(bad) == 1
         assert capsys.readouterr().err.count("\n") == 1
-
-
-def _split_study(tmp_path, seeds_per_part):
-    """The committed smear-ramp study cut into parts, one folder each: ``seeds_per_part``
-    picks each part's seeds from the study's seeds in order."""
-    src = Path(__file__).resolve().parents[1] / "figures" / "seeds" / "smear-ramp"
-    rows = json.loads((src / "seed_rows.json").read_text())
-    parts = []
-    for i, pick in enumerate(seeds_per_part):
-        seeds = pick(sorted(rows, key=int))
-        d = tmp_path / f"part{i}"
-        d.mkdir()
-        (d / "seed_rows.json").write_text(json.dumps({s: rows[s] for s in seeds}))
-        parts.append(d)
-    return src, parts
-
-
-def test_merge_seeds_of_a_study_cut_in_parts_gives_the_studys_own_table(tmp_path, capsys):
-    merge = _script("merge_seeds")
-    # the last seed alone, then every seed (the last one again, with the same row)
-    src, parts = _split_study(tmp_path, [lambda ss: ss[-1:], lambda ss: ss])
-    assert merge.main([str(p) for p in parts] + ["--out", str(tmp_path / "m")]) == 0
-    out = tmp_path / "m"
-    assert (out / "seed_table.md").read_text() == (src / "seed_table.md").read_text()
-    assert json.loads((out / "seed_rows.json").read_text()) == json.loads(
-        (src / "seed_rows.json").read_text()
-    )
-    assert (out / "seeds.png").stat().st_size > 0
-    assert "recipe not checked" in capsys.readouterr().out
-
-
-def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path, capsys):
-    merge = _script("merge_seeds")
-    _, (a, b) = _split_study(tmp_path, [lambda ss: ["0"], lambda ss: ["2"]])
-    bad = json.loads((b / "seed_rows.json").read_text())
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "seed_rows.json").write_text(
-        json.dumps({"0": {**bad["2"], "done_tracking/standard": 0.5}})
-    )
-    assert merge.main([str(a), str(tmp_path / "c"), "--out", str(tmp_path / "m")]) == 1
-    assert "seed 0 has different rows" in capsys.readouterr().err
-    assert not (tmp_path / "m").exists()
-    # the same recipe on two seeds merges; another recipe is refused by name
-    cfg = named_config("smeared-keys")
-    for d, s, c in ((a, 0, cfg), (b, 2, cfg)):
-        (d / f"seed-{s}").mkdir()
-        c2 = c.with_overrides({"run.seed": s, "name": f"x-seed{s}"})
-        (d / f"seed-{s}" / "train_config.json").write_text(json.dumps(c2.to_dict()))
-    assert merge.main([str(a), str(b), "--out", str(tmp_path / "m")]) == 0
-    assert "recipe not checked" not in capsys.readouterr().out
-    other = cfg.with_overrides({"run.seed": 2, "steps": 100})
-    (b / "seed-2" / "train_config.json").write_text(json.dumps(other.to_dict()))
-    assert merge.main([str(a), str(b), "--out", str(tmp_path / "m2")]) == 1
-    assert "seed-2 was trained with another recipe" in capsys.readouterr().err
-    assert merge.main([str(tmp_path / "none"), "--out", str(tmp_path / "m3")]) == 1
-    assert "no seed_rows.json" in capsys.readouterr().err

@@ -6,24 +6,21 @@ name just before it (a previous-token head, which lets the value's position carr
 register). A model that answers from its own pass (standard prefill) needs both, as an
 induction circuit does: this shows whether it has them.
 
-    python scripts/binding_heads.py runs/seeds-default/seed-*/model [--passes 1] [--json out.json]
+    python research/binding_heads.py runs/seeds-default/seed-*/model [--passes 1] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fbt_probe.evaluate import heldout_examples  # noqa: E402
-from fbt_probe.registry import resolve_model  # noqa: E402
-from tasks import vocab  # noqa: E402
+from fbt_probe.evaluate import heldout_examples
+from fbt_probe.registry import resolve_model
+from tasks import vocab
 
 
 def examples(n_groups: int, counts: tuple[int, ...], seed: int):

@@ -2,7 +2,7 @@
 # Train several recipes side by side and score each one: held-out answer accuracy per task and
 # decoding mode (with multi_register per register) and the layer-0 recurrent probe.
 #
-#   scripts/recipe_sweep.sh RECIPES OUT [DEVICE]
+#   research/recipe_sweep.sh RECIPES OUT [DEVICE]
 #
 # RECIPES has one recipe per line, "NAME fbt-probe-train-arguments" ('#' lines are skipped):
 #   more-mr  --set 'schedule.11.tasks={"delayed_memory":0.5,"done_tracking":3.0,"multi_register":1.5}'

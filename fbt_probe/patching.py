@@ -1,9 +1,9 @@
 """Causal interventions on a full-bandwidth model: patch the fed-back state, a token's
 embedding or a residual, and read what the model answers.
 
-A *prefill* is how the prompt is run: ``passes`` Jacobi passes (1 = standard, 2 = recurrent,
-k = k-step) or ``None``, the exact sequential recurrence (full). Every intervention acts on
-the *last* pass (Jacobi) or on the recurrence itself, the computation whose answer is read.
+A *prefill* (``fbt_probe.prefill.Prefill``) is how the prompt is run: k Jacobi passes or the
+exact sequential recurrence. Every intervention acts on the *last* pass (Jacobi) or on the
+recurrence itself, the computation whose answer is read.
 
 ``clean_run`` runs a batch once and keeps what every patched run reuses: the embeddings, the
 states the last pass is fused with, its keys and values. ``patched_run`` re-runs only what a
@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from fbt_probe.model import FeedbackModel
-from fbt_probe.recurrence import recurrence_steps, run_recurrence
+from fbt_probe.positions import pos_dim, put, select_positions, take
+from fbt_probe.prefill import Prefill, parse_prefill
+from fbt_probe.recurrence import recurrence_steps
 
 STATE_HOOK = "fusion.hook_state"
 
@@ -39,7 +41,7 @@ def shift(states: torch.Tensor) -> torch.Tensor:
 class Trace:
     """One clean run of a batch under one prefill."""
 
-    passes: int | None  # Jacobi passes, None = the exact recurrence
+    prefill: Prefill
     emb: torch.Tensor  # (batch, pos, d_model) plain embeddings
     plain: torch.Tensor  # (batch, pos) positions that keep their plain embedding
     prev: torch.Tensor | None  # (batch, pos, d_model) states of the pass before the last (Jacobi)
@@ -48,6 +50,11 @@ class Trace:
     cache: object | None  # keys and values of the last pass (None: not kept)
     pristine: object | None = None  # model.snapshot_cache(cache), what patched runs restore
     resid: torch.Tensor | None = None  # (n_layers, batch, pos, d_model) each block's input
+
+    @property
+    def passes(self) -> int | None:
+        """Jacobi passes of the prefill; None for the exact recurrence."""
+        return self.prefill.passes
 
     @property
     def fed(self) -> torch.Tensor | None:
@@ -60,39 +67,34 @@ class Trace:
 
 @torch.inference_mode()
 def clean_run(
-    model: FeedbackModel, tokens: torch.Tensor, passes: int | None, keep_cache: bool = True
+    model: FeedbackModel, tokens: torch.Tensor, prefill: Prefill | str, keep_cache: bool = True
 ) -> Trace:
     """Run ``tokens`` (batch, pos) once; ``keep_cache`` keeps what ``patched_run`` needs."""
+    prefill = parse_prefill(prefill)
     B, T = tokens.shape
     cache = model.new_cache(B, T, device=tokens.device) if keep_cache else None
     model.set_context(0, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, None, tokens.device)
-    prev = None
     resid = None
     hooks = []
     # each block's input in the last pass, for patched runs from a depth
     if keep_cache and model.skips_layers:
         resid = emb.new_zeros(model.cfg.n_layers, B, T, emb.shape[-1])
+        last = (prefill.passes or 1) - 1
 
         def keep(x, hook, layer):
-            if hook.ctx.get("pass") in (None, (passes or 1) - 1):
+            if hook.ctx.get("pass") in (None, last):
                 off = int(hook.ctx.get("offset", 0))
                 resid[layer, :, off : off + x.shape[1]] = x
 
         hooks = [(f"blocks.{i}.hook_resid_pre", functools.partial(keep, layer=i))
                  for i in range(model.cfg.n_layers)]  # fmt: skip
     with model.hooks(fwd_hooks=hooks):
-        if passes is None:
-            out = run_recurrence(model, tokens, cache=cache)
-        else:
-            if passes < 1:
-                raise ValueError(f"passes must be >= 1, got {passes}")
-            for k in range(passes - 1):
-                prev = model.feedback_pass(emb, prev, plain=plain, pass_index=k).states
-            out = model.feedback_pass(emb, prev, plain=plain, cache=cache, pass_index=passes - 1)
+        run = prefill.run(model, tokens, cache)
     pristine = model.snapshot_cache(cache) if cache is not None else None
-    return Trace(passes, emb, plain, prev, out.states, out.logits, cache, pristine, resid)
+    return Trace(prefill, emb, plain, run.prev, run.out.states, run.out.logits, cache, pristine,
+                 resid)  # fmt: skip
 
 
 @torch.inference_mode()
@@ -167,17 +169,22 @@ def replace_where(
 ) -> Callable:
     """A hook that replaces its activation at the (batch, pos) positions of ``mask``:
     by ``values`` (batch, pos, ...) taken at the same positions, or by ``values(x)``, a
-    function of the activation itself (erasure, steering). It reads ``hook.ctx["offset"]``,
-    so it works on whole passes and on single recurrence steps alike."""
+    function of the activation itself (erasure, steering). Positions are read through
+    ``select_positions``, so it works on whole passes and on single recurrence steps alike."""
 
     def hook(x: torch.Tensor, hook):
-        off = int(hook.ctx.get("offset", 0))
-        n = x.shape[1]
-        m = mask[:, off : off + n]
-        if m.shape[1] != n or not bool(m.any()):
+        off, n = int(hook.ctx.get("offset", 0)), x.shape[pos_dim(hook)]
+        if mask.shape[1] < off + n:
             return None
-        v = values(x) if callable(values) else values[:, off : off + n].to(x.dtype)
-        return torch.where(m.reshape(*m.shape, *([1] * (x.ndim - 2))), v, x)
+        b, at, src = select_positions(x, hook, mask)
+        if len(b) == 0:
+            return None
+        out = x.clone()
+        if callable(values):
+            put(out, hook, b, src, take(values(x), hook, b, src))
+        else:
+            put(out, hook, b, src, take(values, hook, b, at).to(x.dtype))
+        return out
 
     return hook
 

@@ -5,11 +5,11 @@ pass draws from the weights this writes. With `--from-seed B --params W_E` the f
 seed A's initial weights with seed B's token embedding: whether a seed's result follows its
 initial weights (and which of them) or its data order.
 
-    python scripts/init_mix.py --seed 1 --out /tmp/init-1                         # seed 1 as is
-    python scripts/init_mix.py --seed 1 --from-seed 0 --params W_E --out /tmp/mix  # W_E of seed 0
+    python research/init_mix.py --seed 1 --out /tmp/init-1                         # seed 1 as is
+    python research/init_mix.py --seed 1 --from-seed 0 --params W_E --out /tmp/mix  # W_E of seed 0
     fbt-probe train --set run.seed=1 --init-from /tmp/mix --stop-after 1150 --out /tmp/run
-    python scripts/binding_heads.py /tmp/run/model --n-groups 24
-    python scripts/init_mix.py --seed 1 --from-seed 0 --tokens distractors --out /tmp/mix2  # rows
+    python research/binding_heads.py /tmp/run/model --n-groups 24
+    python research/init_mix.py --seed 1 --from-seed 0 --tokens distractors --out /tmp/mix2  # rows
 
 `--params` takes parameter-name prefixes, comma-separated (`W_E`, `blocks.0.`,
 `blocks.1.attn.`, `fusion.`); each must name at least one parameter. `--tokens` instead takes
@@ -26,12 +26,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fbt_probe.checkpoint import save_model  # noqa: E402
-from fbt_probe.model import FBTModel  # noqa: E402
-from fbt_probe.recipes import load_recipe  # noqa: E402
-from tasks import vocab  # noqa: E402
+from fbt_probe.checkpoint import save_model
+from fbt_probe.model import FBTModel
+from fbt_probe.recipes import load_recipe
+from tasks import vocab
 
 GROUPS = {
     "registers": vocab.REGISTERS,

@@ -6,7 +6,7 @@ iff s >= k), and runs the Jacobi passes on them (teacher-forced, the answer read
 colon): how many of them pass 1, 2, ... still answer right. Full recurrence is the limit of
 those passes, so the table shows at which depth the answer drifts.
 
-    python scripts/full_recurrence_errors.py default runs/D
+    python research/full_recurrence_errors.py default runs/D
 """
 
 from __future__ import annotations
@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fbt_probe.decode import generate_ragged  # noqa: E402
-from fbt_probe.evaluate import heldout_examples  # noqa: E402
-from fbt_probe.registry import resolve_model  # noqa: E402
-from tasks import vocab  # noqa: E402
+from fbt_probe.decode import generate_ragged
+from fbt_probe.evaluate import heldout_examples
+from fbt_probe.registry import resolve_model
+from tasks import vocab
 
 SHOW_PASSES = (1, 2, 3, 4, 6, 8, 12, 16, 30)
 

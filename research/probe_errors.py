@@ -6,7 +6,7 @@ distractor count n, the required steps k, s - k (s STEP events; the label is DON
 s >= k) and how many tokens before the colon the last STEP sits. With ``--probe mlp`` it
 asks whether a nonlinear probe finds what the linear one misses.
 
-    python scripts/probe_errors.py runs/seeds-X/seed0 --groups 512
+    python research/probe_errors.py runs/seeds-X/seed0 --groups 512
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fbt_probe.registry import resolve_model  # noqa: E402
-from probes.extract import RESID, extract_features, parse_prefill  # noqa: E402
-from probes.fit import N_FOLDS, cross_validate, grouped_splits  # noqa: E402
-from probes.probe import probe_class  # noqa: E402
-from probes.run import Cell, cell_data, targets_of  # noqa: E402
-from tasks import vocab  # noqa: E402
-from tasks.dataset import load  # noqa: E402
-from tasks.generate import generate_dataset  # noqa: E402
+from fbt_probe.prefill import parse_prefill
+from fbt_probe.registry import resolve_model
+from probes.extract import RESID, extract_features
+from probes.fit import N_FOLDS, cross_validate, grouped_splits
+from probes.probe import probe_class
+from probes.run import Cell, cell_data, targets_of
+from tasks import vocab
+from tasks.dataset import load
+from tasks.generate import generate_dataset
 
 GAPS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, 10**6))
 

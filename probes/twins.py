@@ -1,0 +1,179 @@
+"""Each example and its counterfactual twin, batched for patched runs, and the windows of
+positions a state intervention patches (``fbt-probe intervene``).
+
+Every example of a twin dataset (``generate --twins``) has a twin: the same words except the
+label-bearing one. ``pairs_of`` finds each pair's answer position (where the two sequences
+first differ after the colon, minus one), ``batches`` groups pairs of nearly equal length,
+``window_mask`` says which fed-back states a window patches, and ``donors`` picks, for
+``resample_state``, another example to take states from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fbt_probe.patching import Trace
+from tasks import vocab
+from tasks.dataset import Dataset
+
+WINDOWS = ("label_next", "last1", "last4", "last16", "last64", "after_label", "all")
+# windows that end before the answer: the only ones where "patch only" differs from a patch
+# that propagates (a window reaching the answer already patches every later position)
+EARLY_WINDOWS = ("label_next",)
+
+
+@dataclass
+class Pairs:
+    """The rows of a twin dataset that have a twin, at distractor counts >= 1."""
+
+    rows: np.ndarray  # indices into the dataset
+    tokens: list[np.ndarray]  # clean ids up to and including the answer position
+    twin_tokens: list[np.ndarray]
+    answer: np.ndarray  # position whose next-token prediction is the flipped label
+    label_pos: np.ndarray  # the label-bearing token
+    colon: np.ndarray
+    target: np.ndarray  # which label flips (index into the task's targets)
+    clean_id: np.ndarray  # vocabulary id of the clean label there (its first token)
+    twin_id: np.ndarray
+    twin_label: np.ndarray  # the twin's label word of the flipped target
+    groups: np.ndarray
+    labels: np.ndarray  # (n, n_targets) label words
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
+    """The examples that have a twin; the answer position is where the two sequences first
+    differ after the colon, minus one (the position that predicts that word)."""
+    if not ds.has_twins:
+        raise ValueError(
+            f"dataset of {ds.task} has no twins: generate it with 'fbt-probe generate --twins'"
+        )
+    rows = np.flatnonzero((ds.twin_target >= 0) & (ds.n_distractors >= min_count))
+    if len(rows) == 0:
+        raise ValueError(f"dataset of {ds.task} has no twins at distractor counts >= {min_count}")
+    toks, twins, answer = [], [], []
+    for i in rows:
+        a, b, c = ds.token_ids[i], ds.twin_token_ids[i], int(ds.colon_index[i])
+        n = min(len(a), len(b))  # through a tokenizer the labels may differ in length
+        after = np.flatnonzero(a[c + 1 : n] != b[c + 1 : n])
+        if len(after) == 0:
+            raise ValueError(f"row {i}: its twin has the same answer")
+        pos = c + int(after[0])
+        answer.append(pos)
+        toks.append(a[: pos + 1])
+        twins.append(b[: pos + 1])
+    answer = np.array(answer)
+    return Pairs(
+        rows=rows,
+        tokens=toks,
+        twin_tokens=twins,
+        answer=answer,
+        label_pos=ds.twin_position[rows],
+        colon=ds.colon_index[rows],
+        target=ds.twin_target[rows],
+        clean_id=np.array([ds.token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
+        twin_id=np.array([ds.twin_token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
+        twin_label=np.array([ds.twin_labels[i][ds.twin_target[i]] for i in rows]),
+        groups=ds.group[rows],
+        labels=np.array([list(ds.labels[i]) for i in rows]),
+    )
+
+
+@dataclass
+class PairBatch:
+    idx: np.ndarray  # indices into Pairs
+    tokens: torch.Tensor  # (b, T) right-padded
+    twin_tokens: torch.Tensor
+    answer: torch.Tensor  # (b,)
+    label_pos: torch.Tensor
+    colon: torch.Tensor
+    clean: Trace | None = None
+    twin: Trace | None = None
+
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.tokens.shape[1])[None, :]
+
+
+def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1) -> list[PairBatch]:
+    """Examples sorted by length, at most ``batch_size`` at a time, and a new batch wherever
+    the length grows by more than ``spread`` (and 4 positions) over the batch's shortest: a
+    patch at the colon then re-runs only a few positions of every example."""
+    lens = pairs.answer + 1
+    order = np.argsort(lens, kind="stable")
+    groups, cur = [], []
+    for i in order:
+        if cur and (
+            len(cur) == batch_size or lens[i] - lens[cur[0]] > max(4, spread * lens[cur[0]])
+        ):
+            groups.append(np.array(cur))
+            cur = []
+        cur.append(i)
+    groups.append(np.array(cur))
+    out = []
+    for idx in groups:
+        T = int(lens[idx].max())
+        a = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
+        b = a.clone()
+        for j, i in enumerate(idx):
+            a[j, : lens[i]] = torch.from_numpy(pairs.tokens[i])
+            b[j, : lens[i]] = torch.from_numpy(pairs.twin_tokens[i])
+        at = [torch.as_tensor(x[idx], device=device)
+              for x in (pairs.answer, pairs.label_pos, pairs.colon)]  # fmt: skip
+        out.append(PairBatch(idx, a.to(device), b.to(device), *at))
+    return out
+
+
+def window_mask(name: str, b: PairBatch) -> torch.Tensor:
+    """(b, T) the fed-back states a window patches, relative to each example's answer."""
+    t = b.positions().to(b.answer.device)
+    a = b.answer[:, None]
+    upto = (t <= a) & (t >= 1)  # position 0 is plain: it has no fed-back state
+    if name == "all":
+        return upto
+    if name == "after_label":
+        return upto & (t > b.label_pos[:, None])
+    if name == "label_next":
+        return upto & (t == b.label_pos[:, None] + 1)
+    if name.startswith("last") and name[4:].isdigit():
+        return upto & (t > a - int(name[4:]))
+    raise ValueError(f"unknown window {name!r}; choose from {', '.join(WINDOWS)}")
+
+
+def donors(pairs: Pairs, bs: list[PairBatch], seed: int) -> dict[int, tuple[int, int]]:
+    """For resample_state: each example's donor, drawn at random from the examples of its
+    batch (nearly the same length) in other groups; where a batch holds one group only, the
+    next example in length order from another group: {pair index: (batch number, row)}."""
+    rng = np.random.default_rng(seed)
+    order = [(bi, j, int(i)) for bi, b in enumerate(bs) for j, i in enumerate(b.idx)]
+    out = {}
+    for k, (bi, _, i) in enumerate(order):
+        others = np.flatnonzero(pairs.groups[bs[bi].idx] != pairs.groups[i])
+        if len(others):
+            out[i] = (bi, int(rng.choice(others)))
+            continue
+        for step in range(1, len(order)):
+            bj, j, other = order[(k + step) % len(order)]
+            if pairs.groups[other] != pairs.groups[i] or step == len(order) - 1:
+                out[i] = (bj, j)
+                break
+    return out
+
+
+def donor_states(b: PairBatch, fed: list[torch.Tensor], answers: list, donor: dict) -> torch.Tensor:
+    """(b, T, d): each example's donor's fed-back states, aligned at the answer position
+    (positions before the donor's start get its position 0, a zero state). ``fed``: every
+    batch's clean fed-back states; ``answers``: every batch's answer positions."""
+    T = b.tokens.shape[1]
+    out = torch.zeros_like(b.clean.fed)
+    for j, i in enumerate(b.idx):
+        bj, r = donor[int(i)]
+        src = (torch.arange(T) + (int(answers[bj][r]) - int(b.answer[j]))).clamp(
+            0, fed[bj].shape[1] - 1
+        )
+        out[j] = fed[bj][r, src]
+    return out

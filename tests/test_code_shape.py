@@ -1,0 +1,77 @@
+"""The shape of the code a newcomer reads: short functions, a thin CLI, one path for each idea."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ("fbt_probe", "probes", "tasks", "cli.py")
+MAX_FUNCTION_LINES = 60  # decorators and docstring included
+MAX_CLI_LINES = 500
+
+
+def _python_files(*roots: str) -> list[Path]:
+    out = []
+    for r in roots:
+        p = ROOT / r
+        out += [p] if p.is_file() else sorted(p.rglob("*.py"))
+    return out
+
+
+def function_lengths() -> list[tuple[int, str]]:
+    """(lines, where) of every function and method of the library, longest first."""
+    rows = []
+    for f in _python_files(*LIBRARY):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                where = f"{f.relative_to(ROOT)}:{node.lineno} {node.name}"
+                rows.append((node.end_lineno - start + 1, where))
+    return sorted(rows, reverse=True)
+
+
+def test_no_library_function_is_longer_than_60_lines():
+    rows = function_lengths()
+    assert len(rows) > 300  # the walk found the library
+    print("\nthe five longest functions:")
+    for n, where in rows[:5]:
+        print(f"  {n:3d}  {where}")
+    too_long = [f"{where} ({n} lines)" for n, where in rows if n > MAX_FUNCTION_LINES]
+    assert not too_long, "longer than 60 lines: " + ", ".join(too_long)
+
+
+def test_the_cli_is_thin():
+    lines = (ROOT / "cli.py").read_text().count("\n")
+    assert lines <= MAX_CLI_LINES, f"cli.py has {lines} lines"
+
+
+def test_nothing_edits_sys_path_and_research_imports_the_package():
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                            "*.py", "*.sh", "*.md"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()  # fmt: skip
+    offenders = [f for f in files if (ROOT / f).is_file() and f != "tests/test_code_shape.py"
+                 and "sys.path.insert" in (ROOT / f).read_text()]  # fmt: skip
+    assert offenders == []
+    readme = (ROOT / "research" / "README.md").read_text()
+    for script in sorted((ROOT / "research").glob("*.*")):
+        if script.name != "README.md":
+            assert f"`{script.name}`" in readme, f"research/README.md does not list {script.name}"
+
+
+def test_no_code_finds_a_position_axis_by_a_hooks_name():
+    pattern = re.compile(r"""endswith\(["']hook_pattern["']\)""")
+    found = [
+        str(f.relative_to(ROOT)) for f in _python_files(*LIBRARY) if pattern.search(f.read_text())
+    ]
+    assert found == []
+
+
+def test_the_prefill_words_are_read_in_one_function():
+    # every other module asks fbt_probe.prefill.parse_prefill (or parse_prefills) for them
+    word = re.compile(r"""==\s*["'](recurrent|full)["']|["'](recurrent|full)["']\s*==""")
+    found = [str(f.relative_to(ROOT)) for f in _python_files(*LIBRARY)
+             if word.search(f.read_text()) and f.name != "prefill.py"]  # fmt: skip
+    assert found == []
