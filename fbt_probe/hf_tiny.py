@@ -77,3 +77,65 @@ def model_folder(out: str | Path, family: str, tokenizer=None, seed: int = 0) ->
     tiny_hf(family, len(tok), seed).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
+
+
+def _permute_rope(w, n_head: int):
+    """llama.cpp's row order for a query or key matrix (its converter permutes them; the
+    reader undoes it)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(out: str | Path, seed: int = 0):
+    """A GGUF file of a tiny random Llama (fp32 tensors) with a byte-level BPE, as llama.cpp's
+    converter writes one: what ``fbt-probe convert`` is tested on. Returns the Hugging Face
+    model and tokenizer it holds."""
+    import json
+
+    import gguf
+
+    tok = bpe_tokenizer()
+    model = tiny_hf("llama", len(tok), seed)
+    c = model.config
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name("tiny-llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    backend = json.loads(tok.backend_tokenizer.to_str())["model"]
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([gguf.TokenType.NORMAL] * len(vocab))
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["merges"]])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}  # fmt: skip
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(c.num_hidden_layers):
+        for hf_name, g_name in names.items():
+            t = sd[f"model.layers.{i}.{hf_name}.weight"]
+            if g_name == "attn_q":
+                t = _permute_rope(t, c.num_attention_heads)
+            elif g_name == "attn_k":
+                t = _permute_rope(t, c.num_key_value_heads)
+            w.add_tensor(f"blk.{i}.{g_name}.weight", t)
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model, tok

