@@ -9,6 +9,9 @@ does: the wrapper computes a pass's logits only when they are read (``LazyPassOu
 the head is paid once, not k times.
 
 Run: .venv/bin/python -m bench.hf   (prints a table, writes bench/hf.json)
+     .venv/bin/python -m bench.hf models/smollm2   (the same on SmolLM2-135M, batch 4 x 128,
+     and seconds per training step with the fusion learning alone and with everything;
+     writes bench/hf_smollm2.json)
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ def build(family: str):
     return hf, model
 
 
-def measure(family: str) -> dict:
-    hf, model = build(family)
-    x = torch.randint(0, 2048, (B, T), generator=torch.Generator().manual_seed(1))
+def measure(family: str, built=None, shape=(B, T), repeats: int = REPEATS) -> dict:
+    hf, model = built or build(family)
+    vocab = model.cfg.d_vocab
+    x = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1))
     runs = {
         "bare": lambda: hf(input_ids=x, use_cache=False).logits,
         **{f"k{k}": (lambda k=k: model(x, passes=k).logits) for k in (1, 2, 3)},
@@ -56,7 +60,7 @@ def measure(family: str) -> dict:
     with torch.no_grad():
         for fn in runs.values():
             fn()
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             t = {}
             for name, fn in runs.items():
                 t0 = time.perf_counter()
@@ -79,8 +83,60 @@ def measure(family: str) -> dict:
     }
 
 
+def train_rates(folder: str, steps: int = 4) -> list[dict]:
+    """Seconds per step and tokens per second of the upcycle-smollm2 recipe's steps (two
+    passes at a batch of 8) on ``folder``, with the fusion learning alone and with all."""
+    from fbt_probe.hf import load_hf
+    from fbt_probe.recipes import named_config
+    from fbt_probe.steps import draw_step, make_batch
+    from fbt_probe.train import make_optimizer, multipass_loss, set_learning
+
+    rows = []
+    for learn in ("fusion", "all"):
+        cfg = named_config("upcycle-smollm2").with_overrides({"optim.learn": learn})
+        model = load_hf(folder).train()
+        set_learning(model, learn)
+        opt, stream = make_optimizer(model, cfg), cfg.stream()
+        times, tokens = [], []
+        for step in range(steps + 1):  # the first step warms up
+            draw = draw_step(cfg, stream, 200 + step)
+            batch = make_batch(draw.examples, encoding=model.encoding)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss, _ = multipass_loss(model, batch, draw.passes, cfg)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            tokens.append(batch.n_tokens * draw.passes)
+        sec = float(np.median(times[1:]))
+        rows.append({"learn": learn, "trainable": sum(p.numel() for p in model.parameters()
+                                                       if p.requires_grad),
+                     "s_per_step": round(sec, 2),
+                     "tokens_per_s": round(float(np.sum(tokens[1:]) / np.sum(times[1:])))})  # fmt: skip
+    return rows
+
+
+def smollm2(folder: str) -> dict:
+    """The wrapper's overhead and the training rates on a real model folder."""
+    from fbt_probe.hf import load_hf
+
+    model = load_hf(folder)
+    row = measure("SmolLM2-135M", (model.hf, model), shape=(4, 128), repeats=7)
+    return {"forward": row, "train": train_rates(folder)}
+
+
 def main() -> None:
+    import sys
+
     quiet()
+    if len(sys.argv) > 1:  # python -m bench.hf models/smollm2: the real model's rows
+        res = smollm2(sys.argv[1])
+        print(f"SmolLM2-135M ({sys.argv[1]}): wrapper vs bare forward, batch 4 x 128")
+        print(table([res["forward"]], list(res["forward"])))
+        print("\ntraining steps of upcycle-smollm2 (median of 4, after one warm-up)")
+        print(table(res["train"], list(res["train"][0])))
+        print(f"wrote {write_json('hf_smollm2', {'machine': machine(), **res})}")
+        return
     rows = [measure(f) for f in ("llama", "gpt2", "qwen2", "gpt_neox")]
     print(f"wrapper vs bare Hugging Face forward, random 4-layer d=256 models, batch {B} x {T}")
     print(table(rows, list(rows[0])))

@@ -188,15 +188,26 @@ def require_tokenizer(model) -> None:
 
 # ---- folders -------------------------------------------------------------------------------
 def is_hf_folder(path: Path) -> bool:
-    """A folder that ``save_pretrained`` wrote (a Hugging Face ``config.json``)."""
+    """A folder that ``save_pretrained`` wrote (a Hugging Face ``config.json``), or a fusion
+    folder that names its base model (``save_fusion``)."""
     cfg = Path(path) / "config.json"
     if not cfg.is_file():
-        return False
+        return is_fusion_folder(path)
     try:
         keys = json.loads(cfg.read_text())
         return isinstance(keys, dict) and ("architectures" in keys or "model_type" in keys)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
+
+
+def is_fusion_folder(path: Path) -> bool:
+    """A folder of the fusion alone (``save_fusion``): its config names the base model."""
+    cfg = Path(path) / FUSION_CONFIG
+    try:
+        keys = json.loads(cfg.read_text()) if cfg.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(keys, dict) and keys.get("format") == FORMAT and "base" in keys
 
 
 def hf_config_of(hf_model: nn.Module, fusion: str = "gated", jitter: float = 0.0,
@@ -243,8 +254,9 @@ def quiet() -> None:
 def load_hf(
     path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0
 ) -> HFFeedbackModel:
-    """A model folder (``save_pretrained`` plus, if present, the fusion files) as an
-    ``HFFeedbackModel`` in eval mode. Without fusion files: a fresh fusion (upcycling)."""
+    """A model folder (``save_pretrained`` plus, if present, the fusion files; or a fusion
+    folder that names its base, ``save_fusion``) as an ``HFFeedbackModel`` in eval mode.
+    Without fusion files: a fresh fusion (upcycling)."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -253,8 +265,36 @@ def load_hf(
             f"model folder not found: {path} (a Hugging Face model must be saved locally, "
             "e.g. with save_pretrained; nothing is downloaded)"
         )
-    fcfg_path, fw_path = path / FUSION_CONFIG, path / FUSION_WEIGHTS
+    saved = read_fusion_config(path)
     spec = {"fusion": fusion, "jitter": 0.0, "norm_eps": 1e-6}
+    if saved is not None:
+        spec = {k: saved[k] for k in spec if k in saved}
+    weights = base_folder(path, saved["base"]) if saved and "base" in saved else path
+    quiet()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(weights), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - corrupt weights raise safetensors' own error type
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{weights} is not a loadable Hugging Face model ({first})") from None
+    hf.eval()
+    cfg = hf_config_of(hf, **spec)
+    encoding = None
+    if any((weights / f).is_file() for f in TOKENIZER_FILES):
+        from tasks.encoding import TokenizerEncoding
+
+        encoding = TokenizerEncoding.from_folder(weights)
+    model = HFFeedbackModel(hf, cfg, encoding, str(path))
+    if saved is not None:
+        load_fusion(model, path / FUSION_WEIGHTS, saved.get("d_model"))
+    else:
+        init_fusion(model, seed)
+    return model.to(device).eval()
+
+
+def read_fusion_config(path: Path) -> dict | None:
+    """A folder's ``fusion_config.json`` (checked, with its weights beside it), or None for a
+    folder without fusion files."""
+    fcfg_path, fw_path = path / FUSION_CONFIG, path / FUSION_WEIGHTS
     if fcfg_path.is_file() != fw_path.is_file():
         have, miss = (
             (FUSION_CONFIG, FUSION_WEIGHTS)
@@ -262,33 +302,46 @@ def load_hf(
             else (FUSION_WEIGHTS, FUSION_CONFIG)
         )
         raise ValueError(f"{path} has {have} but no {miss}: both or neither")  # fmt: skip
-    if fcfg_path.is_file():
-        try:
-            saved = json.loads(fcfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{fcfg_path} is not valid JSON ({e.msg})") from None
-        if saved.get("format") != FORMAT:
-            raise ValueError(f"{fcfg_path} is not an fbt-probe fusion config")
-        spec = {k: saved[k] for k in spec if k in saved}
-    quiet()
+    if not fcfg_path.is_file():
+        return None
     try:
-        hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - corrupt weights raise safetensors' own error type
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{path} is not a loadable Hugging Face model ({first})") from None
-    hf.eval()
-    cfg = hf_config_of(hf, **spec)
-    encoding = None
-    if any((path / f).is_file() for f in TOKENIZER_FILES):
-        from tasks.encoding import TokenizerEncoding
+        saved = json.loads(fcfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{fcfg_path} is not valid JSON ({e.msg})") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise ValueError(f"{fcfg_path} is not an fbt-probe fusion config")
+    base = saved.get("base")
+    if base is not None and not (
+        isinstance(base, dict) and isinstance(base.get("path"), str)
+        and isinstance(base.get("weights_sha256"), str)
+    ):  # fmt: skip
+        raise ValueError(f"{fcfg_path}: 'base' needs a path and a weights_sha256")
+    return saved
 
-        encoding = TokenizerEncoding.from_folder(path)
-    model = HFFeedbackModel(hf, cfg, encoding, str(path))
-    if fw_path.is_file():
-        load_fusion(model, fw_path, saved.get("d_model"))
-    else:
-        init_fusion(model, seed)
-    return model.to(device).eval()
+
+def base_folder(path: Path, base: dict) -> Path:
+    """The model folder a fusion folder was trained on: its ``base.path`` (a relative one is
+    looked for from the working folder, then from each folder above the fusion folder),
+    holding the weights ``base.weights_sha256`` names."""
+    from fbt_probe.convert import folder_weights_digest
+
+    rel = Path(base["path"])
+    places = [rel] if rel.is_absolute() else [rel, *(up / rel for up in path.resolve().parents)]
+    found = next((p for p in places if is_hf_folder(p)), None)
+    want = base["weights_sha256"]
+    if found is None:
+        how = f": make it with {base['made_by']}" if base.get("made_by") else ""
+        raise FileNotFoundError(
+            f"{path} is a fusion for the model {rel} (weights sha256 {want[:12]}...), "
+            f"which is not there{how}"
+        )
+    got = folder_weights_digest(found)
+    if got != want:
+        raise ValueError(
+            f"{path} is a fusion for other weights than {found} holds (sha256 {got[:12]}..., "
+            f"the fusion was trained on {want[:12]}...)"
+        )
+    return found
 
 
 def load_fusion(model: HFFeedbackModel, path: Path, d_model) -> None:
@@ -356,6 +409,36 @@ def save_hf(
             tokenizer.save_pretrained(str(tmp))
         save_file(sd, str(tmp / FUSION_WEIGHTS), metadata={"format": FORMAT})
         (tmp / FUSION_CONFIG).write_text(json.dumps(model.cfg.fusion_dict(), indent=2) + "\n")
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+
+    atomic_folder(out, write)
+    return out
+
+
+def save_fusion(model: HFFeedbackModel, out: str | Path, base: str | Path,
+                extra: dict | None = None) -> Path:  # fmt: skip
+    """Write a fusion folder: the fusion's weights and config, which names the model folder
+    ``base`` it was trained on (its path as given, and the digest of its weights, which
+    loading checks), and ``extra`` ({file name: text}); a few MB where a whole folder is the
+    model's size. Only for a fusion trained on ``base``'s weights as they are."""
+    from safetensors.torch import save_file
+
+    from fbt_probe.convert import PACKAGED, folder_weights_digest, read_source
+    from tasks.files import atomic_folder
+
+    out, base = Path(out), Path(base)
+    rec = {"path": str(base), "weights_sha256": folder_weights_digest(base)}
+    source = read_source(base)
+    named = {file: name for name, (_, file) in PACKAGED.items()}
+    if source and source.get("gguf") in named:
+        rec["made_by"] = f"fbt-probe convert --gguf {named[source['gguf']]} --out {base}"
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.fusion.state_dict().items()}
+
+    def write(tmp: Path) -> None:
+        save_file(sd, str(tmp / FUSION_WEIGHTS), metadata={"format": FORMAT})
+        cfg = {**model.cfg.fusion_dict(), "base": rec}
+        (tmp / FUSION_CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
 

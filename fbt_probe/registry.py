@@ -9,11 +9,15 @@ from fbt_probe.model import FBTModel, FeedbackModel
 
 DEFAULTS = Path(__file__).resolve().parent / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
+# models shipped beside the default that ``--model NAME`` finds; a fusion folder names its
+# base, which ``fbt-probe convert`` makes (docs/real-model.md)
+SHIPPED = ("smollm2-upcycled",)
 
 
 def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FeedbackModel, str]:
-    """``default`` (or None) -> the packaged default; otherwise a model folder (a training
-    run folder works too: its ``model/`` subfolder is used). Returns (model on ``device``,
+    """``default`` (or None) -> the packaged default; a ``SHIPPED`` name -> that packaged
+    model; otherwise a model folder (a training run folder works too: its ``model/``
+    subfolder is used). Returns (model on ``device``,
     description)."""
     if spec is None or str(spec) == "default":
         if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
@@ -22,10 +26,11 @@ def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FeedbackModel,
                 "train it with 'fbt-probe train' or pass --model DIR"
             )
         return load_model(DEFAULT_MODEL_DIR, device), "default"
-    path = Path(spec)
-    if (path / "model" / "config.json").is_file() and not (path / "config.json").is_file():
-        path = path / "model"
     from fbt_probe.hf import is_hf_folder, load_hf
+
+    path = model_folder(spec)
+    if not path.exists() and str(spec) in SHIPPED:
+        path = DEFAULTS / str(spec)
 
     if is_hf_folder(path):
         return load_hf(path, device), str(path)
@@ -35,6 +40,19 @@ def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FeedbackModel,
             "saved with save_pretrained; nothing is downloaded, see docs/hf.md)"
         )
     return load_model(path, device), str(path)
+
+
+def model_folder(spec: str | Path) -> Path:
+    """The model folder ``spec`` names: itself, or a training run folder's ``model/``."""
+    from fbt_probe.hf import FUSION_CONFIG
+
+    path = Path(spec)
+    marks = ("config.json", FUSION_CONFIG)
+    if not any((path / f).is_file() for f in marks) and any(
+        (path / "model" / f).is_file() for f in marks
+    ):
+        return path / "model"
+    return path
 
 
 def random_init_like(model: FeedbackModel, seed: int = 0) -> FeedbackModel:

@@ -285,9 +285,7 @@ def build_model(cfg: TrainConfig):
     if cfg.init_from:
         from fbt_probe.hf import is_hf_folder, load_hf
 
-        path = Path(cfg.init_from)
-        if (path / "model" / "config.json").is_file() and not (path / "config.json").is_file():
-            path = path / "model"
+        path = init_folder(cfg)
         if is_hf_folder(path):
             m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed)
             if m.cfg.fusion != cfg.model.fusion:
@@ -303,6 +301,13 @@ def build_model(cfg: TrainConfig):
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
     return model
+
+
+def init_folder(cfg: TrainConfig) -> Path:
+    """The model folder ``cfg.init_from`` names (a run folder stands for its ``model/``)."""
+    from fbt_probe.registry import model_folder
+
+    return model_folder(cfg.init_from)
 
 
 def initial_weights(cfg: TrainConfig) -> FBTModel:
@@ -336,10 +341,38 @@ def frozen_parameters(model: FeedbackModel, schedule) -> dict[str, list]:
     return out
 
 
+def set_learning(model: FeedbackModel, learn: str) -> None:
+    """``optim.learn``: "all" parameters learn, or the "fusion" only (the rest get no
+    gradient, so neither their gradients nor AdamW's state for them take memory)."""
+    for n, p in model.named_parameters():
+        p.requires_grad_(learn == "all" or n.startswith("fusion."))
+
+
+def learned_state(model: FeedbackModel) -> dict:
+    """The entries of the model's state that training changes: all of it, or under
+    ``optim.learn = "fusion"`` the fusion's (a checkpoint then holds no copy of the stack)."""
+    sd = model.state_dict()
+    if all(p.requires_grad for p in model.parameters()):
+        return sd
+    learned = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in sd.items() if k in learned}
+
+
+def load_learned(model: FeedbackModel, saved: dict, where: Path) -> None:
+    """A checkpoint's ``learned_state`` back into ``model``."""
+    want = learned_state(model).keys()
+    if set(saved) != set(want):
+        raise ValueError(f"{where} holds other parameters than this run trains "
+                         f"({len(saved)} saved, {len(want)} trained); resume it with its own recipe")  # fmt: skip
+    model.load_state_dict(saved, strict=False)
+
+
 def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with weight decay on the matrices only (betas 0.9 / 0.95)."""
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    """AdamW over the parameters that learn, with weight decay on the matrices only (betas
+    0.9 / 0.95)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim >= 2]
+    no_decay = [p for n, p in named if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]  # fmt: skip
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(0.9, 0.95))
@@ -360,7 +393,7 @@ class TrainState:
     def save(self, path: Path, world: World) -> dict | None:
         """Write ``path`` (rank 0); under FSDP every rank gathers the shards first and the
         whole model's state is returned."""
-        msd, osd = self.model.state_dict(), None
+        msd, osd = learned_state(self.model), None
         if self.fsdp:
             from fbt_probe.distributed import full_states
 
@@ -412,6 +445,8 @@ def check_run(cfg: TrainConfig, out: Path, resume: bool, world: World, dev) -> N
                              "micro-batches (optim.accum): every part needs an example")  # fmt: skip
     if cfg.run.bf16 and dev.type != "cuda":
         raise ValueError("run.bf16 (bf16 autocast) needs a CUDA device (--device cuda)")
+    if cfg.run.fsdp and cfg.optim.learn != "all":
+        raise ValueError("run.fsdp shards the whole model: with optim.learn = 'fusion' use DDP")
     if cfg.run.fsdp and world.size < 2:
         raise ValueError("run.fsdp shards over the ranks: start 2 or more with torchrun")
 
@@ -425,6 +460,7 @@ def start_state(
     if cfg.run.fsdp and not isinstance(model, FBTModel):
         raise ValueError("run.fsdp is not supported for a Hugging Face model yet (use DDP)")
     frozen = frozen_parameters(model, cfg.schedule)  # checked before anything is written
+    set_learning(model, cfg.optim.learn)
     model = model.to(dev)
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -436,7 +472,7 @@ def start_state(
                 f"{out} was trained with a different config; resume it with the same one"
             )
         saved = TrainState.read(out / "state.pt", dev)
-        model.load_state_dict(saved["model"])  # the whole model, before any sharding
+        load_learned(model, saved["model"], out / "state.pt")  # before any sharding
     if cfg.run.fsdp:
         from fbt_probe.distributed import shard_model
 
@@ -640,9 +676,17 @@ def save_run_model(model, cfg: TrainConfig, folder: Path, meta: dict) -> None:
     if isinstance(model, FBTModel):
         save_model(model, folder, extra_meta=meta)
         return
-    from fbt_probe.hf import save_hf
+    from fbt_probe.hf import base_folder, read_fusion_config, save_fusion, save_hf
 
-    save_hf(model, folder, extra={"fbt_probe_meta.json": json.dumps(meta, indent=2) + "\n"})
+    extra = {"fbt_probe_meta.json": json.dumps(meta, indent=2) + "\n"}
+    if cfg.optim.learn == "all":
+        save_hf(model, folder, extra=extra)
+        return
+    # the stack is the start's own: the folder holds the fusion and names that base
+    start = init_folder(cfg)
+    saved = read_fusion_config(start)
+    base = base_folder(start, saved["base"]) if saved and "base" in saved else start
+    save_fusion(model, folder, base, extra=extra)
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress=None,

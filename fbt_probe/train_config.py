@@ -12,9 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from fbt_probe.config import FBTConfig, typed_fields
-from fbt_probe.schedule import QUANTITIES, RAMPABLE, Phase, task_names, validate
+from fbt_probe.schedule import QUANTITIES, RAMPABLE, Phase, plan_at, task_names, validate
 from tasks import get_task
 from tasks.sampler import COUNT_DISTS, TrainingStream
+
+
+LEARN = ("all", "fusion")
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -34,8 +37,12 @@ class OptimConfig:
     # gradient accumulation: each rank's share of a step's batch runs as this many
     # micro-batches, so a global batch larger than memory allows stays the recipe's
     accum: int = 1
+    # which parameters learn: "all", or "fusion" (the fused-input map only; the stack keeps
+    # its weights, which get no gradient and no optimiser state)
+    learn: str = "all"
 
     def __post_init__(self):
+        _need(self.learn in LEARN, f"optim.learn must be one of {LEARN}, got {self.learn!r}")
         _need(self.lr > 0 and 0 < self.min_lr_frac <= 1, "optim: lr > 0 and 0 < min_lr_frac <= 1")
         _need(self.accum >= 1, "optim.accum must be >= 1")
         _need(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
@@ -215,6 +222,8 @@ class TrainConfig:
                 except ValueError as e:
                     raise ValueError(f"invalid TrainConfig: schedule[{i}].tasks: {e}") from None
         self.stream()  # validates the task parameters
+        if self.optim.learn == "fusion":
+            _refuse_single_pass(self)
 
     @property
     def tasks(self) -> list[str]:
@@ -268,6 +277,19 @@ class TrainConfig:
         for key, value in overrides.items():
             set_path(d, key, value)
         return TrainConfig.from_dict(d)
+
+
+def _refuse_single_pass(cfg: TrainConfig) -> None:
+    """Under ``optim.learn = "fusion"`` a step of one-pass batches only trains nothing (a
+    first pass never reads the fusion): a schedule with such steps is refused."""
+    for step in range(cfg.steps):
+        plan = plan_at(cfg.schedule, step / cfg.steps)
+        if plan.passes[0] >= 1.0:
+            raise ValueError(
+                f"invalid TrainConfig: optim.learn = 'fusion' but schedule[{plan.phase}] draws "
+                f"one-pass batches only (from step {step}), where the fusion gets no gradient; "
+                "give that phase a share of 2 or more passes"
+            )
 
 
 def parse_schedule(items) -> tuple[Phase, ...]:

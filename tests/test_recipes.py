@@ -242,6 +242,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "upcycle",
         "single-pass-window",
         "smeared-keys",
+        "upcycle-smollm2",
     }
     for n in recipe_names():
         assert named_config(n).name == n
