@@ -16,7 +16,6 @@ from fbt_probe.schedule import QUANTITIES, RAMPABLE, Phase, plan_at, task_names,
 from tasks import get_task
 from tasks.sampler import COUNT_DISTS, TrainingStream
 
-
 LEARN = ("all", "fusion")
 
 
