@@ -16,6 +16,9 @@ import json
 import os
 from pathlib import Path
 
+from fbt_probe.checkpoint import file_sha256
+from tasks.files import read_record
+
 SOURCE = "fbt_probe_source.json"
 SOURCE_FORMAT = "fbt-probe-converted"
 # the files a name after --gguf stands for: (package, file inside it)
@@ -50,14 +53,6 @@ def resolve_gguf(gguf: str | Path) -> Path:
         if f.read(4) != b"GGUF":
             raise ValueError(f"--gguf {gguf}: not a GGUF file (it does not start with 'GGUF')")
     return path
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def weights_digest(state: dict) -> str:
@@ -102,7 +97,9 @@ def read_gguf(path: Path):
         )
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except ImportError as e:
-        raise ImportError(f"reading GGUF needs the gguf package: pip install 'fbt-probe[gguf]' ({e})") from None
+        raise ImportError(
+            f"reading GGUF needs the gguf package: pip install 'fbt-probe[gguf]' ({e})"
+        ) from None
     except Exception as e:  # noqa: BLE001 - transformers raises many types for a bad file
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"--gguf {path}: transformers cannot read it ({first})") from None
@@ -154,12 +151,4 @@ def convert(gguf: str | Path, out: str | Path, force: bool = False, progress=pri
 def read_source(folder: Path) -> dict | None:
     """The source record of a converted folder, or None for any other folder."""
     path = Path(folder) / SOURCE
-    if not path.is_file():
-        return None
-    try:
-        rec = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e.msg})") from None
-    if not isinstance(rec, dict) or rec.get("format") != SOURCE_FORMAT:
-        raise ValueError(f"{path} is not an fbt-probe source record")
-    return rec
+    return read_record(path, SOURCE_FORMAT, "source record") if path.is_file() else None

@@ -29,6 +29,7 @@ from transformer_lens.hook_points import HookPoint
 from fbt_probe.config import FUSIONS
 from fbt_probe.fusion import Fusion
 from fbt_probe.model import FeedbackModel, LazyPassOutput, PassOutput, check_context
+from tasks.files import read_record
 
 FUSION_CONFIG = "fusion_config.json"
 FUSION_WEIGHTS = "fusion.safetensors"
@@ -304,12 +305,7 @@ def read_fusion_config(path: Path) -> dict | None:
         raise ValueError(f"{path} has {have} but no {miss}: both or neither")  # fmt: skip
     if not fcfg_path.is_file():
         return None
-    try:
-        saved = json.loads(fcfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{fcfg_path} is not valid JSON ({e.msg})") from None
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise ValueError(f"{fcfg_path} is not an fbt-probe fusion config")
+    saved = read_record(fcfg_path, FORMAT, "fusion config")
     base = saved.get("base")
     if base is not None and not (
         isinstance(base, dict) and isinstance(base.get("path"), str)

@@ -82,7 +82,11 @@ def model_folder(out: str | Path, family: str, tokenizer=None, seed: int = 0) ->
 def _permute_rope(w, n_head: int):
     """llama.cpp's row order for a query or key matrix (its converter permutes them; the
     reader undoes it)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def write_tiny_gguf(out: str | Path, seed: int = 0):

@@ -138,3 +138,17 @@ def atomic_folder(out: Path, write) -> None:
         for leftover in (tmp, old):
             if leftover is not None and Path(leftover).exists():
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+def read_record(path: Path, fmt: str, what: str) -> dict:
+    """A JSON object whose ``format`` is ``fmt`` (a file fbt-probe wrote), or a one-line
+    ValueError naming ``path`` and what it should have been (``what``)."""
+    import json
+
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(rec, dict) or rec.get("format") != fmt:
+        raise ValueError(f"{path} is not an fbt-probe {what}")
+    return rec

@@ -124,4 +124,4 @@ def test_smollm2_converts_and_says_paris(smollm2):
     ids = fb.encoding.tok("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = fb.hf.generate(ids, max_new_tokens=3, do_sample=False)
-    assert fb.encoding.tok.decode(out[0, ids.shape[1]:]).startswith(" Paris")
+    assert fb.encoding.tok.decode(out[0, ids.shape[1] :]).startswith(" Paris")

@@ -101,4 +101,6 @@ def test_fusion_only_refuses_a_schedule_of_one_pass_steps():
         cfg.with_overrides({"schedule.1.passes": [1.0]})
     with pytest.raises(ValueError, match="optim.learn must be one of"):
         cfg.with_overrides({"optim.learn": "stack"})
-    assert cfg.with_overrides({"optim.learn": "all", "schedule.1.passes": [1.0]}).optim.learn == "all"
+    assert (
+        cfg.with_overrides({"optim.learn": "all", "schedule.1.passes": [1.0]}).optim.learn == "all"
+    )
