@@ -81,10 +81,11 @@ class Record:
         c[idx], f[idx], ld[idx] = arg == ci, arg == ti, lg[rows, ci] - lg[rows, ti]
 
 
-def _answer_logits(logits: torch.Tensor, b: PairBatch, start: int) -> torch.Tensor:
-    """(b, vocab) at each example's answer position, from logits of positions >= start."""
+def _answer_logits(logits: torch.Tensor, b: PairBatch, start: int, twin: bool = False):
+    """(b, vocab) at each example's (or each twin's) answer position, from logits of
+    positions >= start."""
     rows = torch.arange(len(b.idx), device=logits.device)
-    return logits[rows, b.answer - start]
+    return logits[rows, (b.twin_answer if twin else b.answer) - start]
 
 
 def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pairs: Pairs,
@@ -96,7 +97,7 @@ def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pa
         b.clean = clean_run(model, b.tokens, pf)
         b.twin = clean_run(model, b.twin_tokens, pf, keep_cache=False)
         rec.put(CLEAN, b.idx, _answer_logits(b.clean.logits, b, 0), pairs)
-        rec.put(TWIN, b.idx, _answer_logits(b.twin.logits, b, 0), pairs)
+        rec.put(TWIN, b.idx, _answer_logits(b.twin.logits, b, 0, twin=True), pairs)
         if b.clean.fed is not None:
             m = window_mask("all", b)
             total += b.clean.fed[m].double().sum(0).cpu()
@@ -126,6 +127,23 @@ def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, 
     return tools, directions
 
 
+def aligned_if_fed(pairs: Pairs, pf: Prefill, task: str) -> Pairs:
+    """Under a prefill with feedback, the pairs whose twins line up with them position by
+    position: a shifted twin (a label word of another number of tokens) has no fed-back state
+    or token at the example's positions to swap in. Refused in one line where none is left."""
+    if not pf.feedback or not (pairs.shift != 0).any():
+        return pairs
+    keep = np.flatnonzero(pairs.shift == 0)
+    if len(keep) == 0:
+        raise ValueError(
+            f"{task}: through this tokenizer every twin's label word takes another number of "
+            f"tokens than its example's, so no twin lines up with its example position by "
+            f"position and --prefill {pf.name} has nothing to patch; --prefill standard runs "
+            "them (its token interchange is the twin's own run)"
+        )
+    return pairs.subset(keep)
+
+
 @torch.inference_mode()
 def run_battery(
     model: FeedbackModel,
@@ -143,7 +161,7 @@ def run_battery(
     prefill); returns the per-example record, the pairs and what the run used."""
     t0, pf, kinds = time.monotonic(), parse_prefill(prefill), kinds or tuple(REGISTRY)
     model.eval()
-    pairs = pairs_of(ds)
+    pairs = aligned_if_fed(pairs_of(ds), pf, ds.task)
     directed = any(REGISTRY[k].directions for k in kinds)
     n_groups = len(np.unique(pairs.groups))
     if directed and n_groups < folds:
@@ -168,10 +186,13 @@ def run_battery(
         ctx = Context(b, pf.passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers)
         for sp in specs(ctx, kinds):
             t1 = time.monotonic()
-            logits = patched_run(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
             key = Key(sp.intervention, sp.site, sp.positions)
             key = key if sp.alpha is None else Key(*astuple(key)[:3], sp.alpha)
-            rec.put(key, b.idx, _answer_logits(logits, b, sp.start), pairs)
+            if sp.twin_run:
+                rec.put(key, b.idx, _answer_logits(b.twin.logits, b, 0, twin=True), pairs)
+            else:
+                logits = patched_run(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
+                rec.put(key, b.idx, _answer_logits(logits, b, sp.start), pairs)
             by_kind[sp.intervention] += time.monotonic() - t1
             n_runs += 1
         b.clean = b.twin = None  # free the keys and values
@@ -180,6 +201,7 @@ def run_battery(
     seconds = {"clean_and_twin": t_clean, "erasers": t_tools,
                "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
     info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),
+            "n_shifted": int((pairs.shift != 0).sum()),
             "patched_runs": n_runs, "directions": directions, "seconds": seconds}  # fmt: skip
     return rec, pairs, info
 

@@ -25,7 +25,10 @@ after which ``fbt-probe intervene --intervention double_state`` runs it. The kin
   ``resample_state`` (another example's, aligned at the answer): ablations in the same
   windows but ``label_next``.
 - ``interchange_token``: the label-bearing token's embedding takes the twin's in the last
-  pass only, every fed-back state kept clean: the other route, attention to the token.
+  pass only, every fed-back state kept clean: the other route, attention to the token. A
+  shifted twin (its label word of another number of tokens) has no token to swap in place;
+  under standard prefill, where the label's tokens are all that differs, the patched run
+  is then the twin's own run (under feedback such twins are not run: ``run_battery``).
 - ``erase_probe``: LEACE of the target at one depth of the colon, cross-fitted over grouped
   folds; ``erase_random``: a random subspace of the same rank.
 - ``steer_probe``: the residual at one depth of the colon moved by alpha standard deviations
@@ -77,6 +80,7 @@ class Spec:
     emb: torch.Tensor | None = None
     from_layer: int = 0
     alpha: float | None = None  # steering only
+    twin_run: bool = False  # the patched run is the twin's own (a shifted twin's tokens)
 
 
 @dataclass
@@ -181,6 +185,8 @@ def interchange_token(ctx: Context, where: Location) -> list[Spec]:
         return []
     b, c = ctx.b, ctx.clean
     s = int(b.label_pos.min())
+    if not b.aligned:
+        return [Spec("interchange_token", TOKEN_SITE, "label_token", s, [], twin_run=True)]
     emb = torch.where((ctx.t == b.label_pos[:, None])[..., None], ctx.twin.emb, c.emb)
     keep = [(STATE_HOOK, replace_where(ctx.t >= s, c.fed))] if ctx.passes is None else []
     return [Spec("interchange_token", TOKEN_SITE, "label_token", s, keep, emb)]

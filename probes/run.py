@@ -165,10 +165,16 @@ def load_or_generate(
         path = Path(data)
     else:
         path = default_path(task, encoding, twins)
+        tokenizer = None if encoding is None else encoding.source
         if not path.is_file():
-            tokenizer = None if encoding is None else encoding.source
             generate_dataset(task, path, seed=DEFAULT_SEED, twins=twins, tokenizer=tokenizer)
         ds = load(path)
+        if twins and tokenizer is not None and "n_shifted" not in ds.meta.get("twins", {}):
+            # made before shifted twins were kept (it dropped every twin whose label word
+            # took another number of tokens): this default file is remade
+            generate_dataset(task, path, seed=DEFAULT_SEED, twins=True, tokenizer=tokenizer,
+                             force=True)  # fmt: skip
+            ds = load(path)
     if model is not None:
         check_encoding(ds, model, path)
     return ds

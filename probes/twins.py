@@ -33,7 +33,8 @@ class Pairs:
     tokens: list[np.ndarray]  # clean ids up to and including the answer position
     twin_tokens: list[np.ndarray]
     answer: np.ndarray  # position whose next-token prediction is the flipped label
-    label_pos: np.ndarray  # the label-bearing token
+    twin_answer: np.ndarray  # the same in the twin (moved by its shift)
+    label_pos: np.ndarray  # the label-bearing token (the first that differs)
     colon: np.ndarray
     target: np.ndarray  # which label flips (index into the task's targets)
     clean_id: np.ndarray  # vocabulary id of the clean label there (its first token)
@@ -45,10 +46,22 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def shift(self) -> np.ndarray:
+        """How far each twin's colon sits from its example's: 0 for an aligned twin; not 0
+        where a tokenizer gives the two label words different numbers of tokens."""
+        return self.twin_answer - self.answer
+
+    def subset(self, keep: np.ndarray) -> Pairs:
+        """The pairs at the indices ``keep``."""
+        return Pairs(**{f: [v[i] for i in keep] if isinstance(v, list) else v[keep]
+                        for f, v in vars(self).items()})  # fmt: skip
+
 
 def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
     """The examples that have a twin; the answer position is where the two sequences first
-    differ after the colon, minus one (the position that predicts that word)."""
+    differ after the colon, minus one (the position that predicts that word), each counted
+    from its own colon."""
     if not ds.has_twins:
         raise ValueError(
             f"dataset of {ds.task} has no twins: generate it with 'fbt-probe generate --twins'"
@@ -56,28 +69,33 @@ def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
     rows = np.flatnonzero((ds.twin_target >= 0) & (ds.n_distractors >= min_count))
     if len(rows) == 0:
         raise ValueError(f"dataset of {ds.task} has no twins at distractor counts >= {min_count}")
-    toks, twins, answer = [], [], []
+    toks, twins, answer, twin_answer = [], [], [], []
+    twin_colon = ds.twin_colon_index if ds.twin_colon_index is not None else ds.colon_index
     for i in rows:
-        a, b, c = ds.token_ids[i], ds.twin_token_ids[i], int(ds.colon_index[i])
-        n = min(len(a), len(b))  # through a tokenizer the labels may differ in length
-        after = np.flatnonzero(a[c + 1 : n] != b[c + 1 : n])
+        a, b = ds.token_ids[i], ds.twin_token_ids[i]
+        c, tc = int(ds.colon_index[i]), int(twin_colon[i])
+        n = min(len(a) - c, len(b) - tc)  # through a tokenizer the labels may differ in length
+        after = np.flatnonzero(a[c + 1 : c + n] != b[tc + 1 : tc + n])
         if len(after) == 0:
             raise ValueError(f"row {i}: its twin has the same answer")
-        pos = c + int(after[0])
-        answer.append(pos)
-        toks.append(a[: pos + 1])
-        twins.append(b[: pos + 1])
-    answer = np.array(answer)
+        answer.append(c + int(after[0]))
+        twin_answer.append(tc + int(after[0]))
+        toks.append(a[: answer[-1] + 1])
+        twins.append(b[: twin_answer[-1] + 1])
+    answer, twin_answer = np.array(answer), np.array(twin_answer)
     return Pairs(
         rows=rows,
         tokens=toks,
         twin_tokens=twins,
         answer=answer,
+        twin_answer=twin_answer,
         label_pos=ds.twin_position[rows],
         colon=ds.colon_index[rows],
         target=ds.twin_target[rows],
         clean_id=np.array([ds.token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
-        twin_id=np.array([ds.twin_token_ids[i][a + 1] for i, a in zip(rows, answer, strict=True)]),
+        twin_id=np.array(
+            [ds.twin_token_ids[i][a + 1] for i, a in zip(rows, twin_answer, strict=True)]
+        ),
         twin_label=np.array([ds.twin_labels[i][ds.twin_target[i]] for i in rows]),
         groups=ds.group[rows],
         labels=np.array([list(ds.labels[i]) for i in rows]),
@@ -90,6 +108,7 @@ class PairBatch:
     tokens: torch.Tensor  # (b, T) right-padded
     twin_tokens: torch.Tensor
     answer: torch.Tensor  # (b,)
+    twin_answer: torch.Tensor
     label_pos: torch.Tensor
     colon: torch.Tensor
     clean: Trace | None = None
@@ -98,17 +117,27 @@ class PairBatch:
     def positions(self) -> torch.Tensor:
         return torch.arange(self.tokens.shape[1])[None, :]
 
+    @property
+    def aligned(self) -> bool:
+        """Every twin lines up with its example position by position (batches never mix
+        aligned and shifted twins)."""
+        return bool((self.twin_answer == self.answer).all())
+
 
 def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1) -> list[PairBatch]:
     """Examples sorted by length, at most ``batch_size`` at a time, and a new batch wherever
     the length grows by more than ``spread`` (and 4 positions) over the batch's shortest: a
-    patch at the colon then re-runs only a few positions of every example."""
+    patch at the colon then re-runs only a few positions of every example. Aligned and
+    shifted twins go in batches of their own."""
     lens = pairs.answer + 1
-    order = np.argsort(lens, kind="stable")
+    shifted = pairs.shift != 0
+    order = np.lexsort((lens, shifted))
     groups, cur = [], []
     for i in order:
         if cur and (
-            len(cur) == batch_size or lens[i] - lens[cur[0]] > max(4, spread * lens[cur[0]])
+            len(cur) == batch_size
+            or shifted[i] != shifted[cur[0]]
+            or lens[i] - lens[cur[0]] > max(4, spread * lens[cur[0]])
         ):
             groups.append(np.array(cur))
             cur = []
@@ -116,15 +145,19 @@ def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1) -> list[
     groups.append(np.array(cur))
     out = []
     for idx in groups:
-        T = int(lens[idx].max())
-        a = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
-        b = a.clone()
-        for j, i in enumerate(idx):
-            a[j, : lens[i]] = torch.from_numpy(pairs.tokens[i])
-            b[j, : lens[i]] = torch.from_numpy(pairs.twin_tokens[i])
+        a = _padded([pairs.tokens[i] for i in idx])
+        b = _padded([pairs.twin_tokens[i] for i in idx])
         at = [torch.as_tensor(x[idx], device=device)
-              for x in (pairs.answer, pairs.label_pos, pairs.colon)]  # fmt: skip
+              for x in (pairs.answer, pairs.twin_answer, pairs.label_pos, pairs.colon)]  # fmt: skip
         out.append(PairBatch(idx, a.to(device), b.to(device), *at))
+    return out
+
+
+def _padded(seqs: list[np.ndarray]) -> torch.Tensor:
+    """(len(seqs), longest) ids, right-padded."""
+    out = torch.full((len(seqs), max(len(x) for x in seqs)), vocab.PAD_ID, dtype=torch.long)
+    for j, x in enumerate(seqs):
+        out[j, : len(x)] = torch.from_numpy(x)
     return out
 
 

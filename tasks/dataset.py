@@ -41,9 +41,12 @@ TWIN_SCHEMA = pa.schema(
         ("twin_token_ids", pa.list_(pa.int32())),  # the twin's ids, as long as token_ids
         ("twin_labels", pa.list_(pa.string())),  # the twin's answer words
         ("twin_target", pa.int32()),  # which label the twin flips (index into labels)
-        ("twin_position", pa.int32()),  # the one prompt position where the two differ
+        ("twin_position", pa.int32()),  # the first prompt position where the two differ
     ]
 )
+# Written with a tokenizer's twins: the twin's colon, moved where its label word takes more or
+# fewer tokens than the example's (absent: where the example's is)
+TWIN_COLON = pa.field("twin_colon_index", pa.int32())
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Dataset:
     twin_labels: list[tuple[str, ...]] | None = None
     twin_target: np.ndarray | None = None  # -1 where a row has no twin
     twin_position: np.ndarray | None = None
+    twin_colon_index: np.ndarray | None = None  # where the twin's colon is
 
     @property
     def has_twins(self) -> bool:
@@ -133,7 +137,8 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
 def to_table(examples: list[Example], meta: dict, twins=None, encoded=None,
              twin_ids=None) -> pa.Table:  # fmt: skip
     """``encoded``: each example's ``tasks.encoding.Encoded`` (a tokenizer's ids) instead of
-    the word vocabulary's; ``twin_ids`` then the twins' ids (empty where none)."""
+    the word vocabulary's; ``twin_ids`` then the twins' ids (empty where none) and colon
+    indices (-1 where none), which a shifted twin moves (``tasks.encoding``)."""
     if encoded is None:
         ids = [vocab.encode(ex.tokens) for ex in examples]
         colons = [ex.colon_index for ex in examples]
@@ -152,15 +157,15 @@ def to_table(examples: list[Example], meta: dict, twins=None, encoded=None,
     }
     schema = SCHEMA
     if twins is not None:
-        cols["twin_token_ids"] = (
-            twin_ids
-            if twin_ids is not None
-            else [vocab.encode(t.example.tokens) if t else [] for t in twins]
-        )
+        if twin_ids is None:
+            cols["twin_token_ids"] = [vocab.encode(t.example.tokens) if t else [] for t in twins]
+        else:
+            cols["twin_token_ids"], cols["twin_colon_index"] = twin_ids
         cols["twin_labels"] = [list(t.example.answer) if t else [] for t in twins]
         cols["twin_target"] = [t.target if t else -1 for t in twins]
         cols["twin_position"] = [t.position if t else -1 for t in twins]
-        schema = pa.schema(list(SCHEMA) + list(TWIN_SCHEMA))
+        extra = [TWIN_COLON] if "twin_colon_index" in cols else []
+        schema = pa.schema(list(SCHEMA) + list(TWIN_SCHEMA) + extra)
     table = pa.table(cols, schema=schema)
     return table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
 
@@ -257,14 +262,15 @@ def _load_twins(path: Path, d: dict, meta: dict) -> dict:
         raise ValueError(f"{path}: its twin columns are incomplete")
     target = np.asarray(d["twin_target"], dtype=np.int64)
     position = np.asarray(d["twin_position"], dtype=np.int64)
+    colon = np.asarray(d.get("twin_colon_index", d["colon_index"]), dtype=np.int64)
     # through a tokenizer a twin's label may take more or fewer tokens than the example's
     same_length = meta.get("tokenizer") is None
     for i in np.flatnonzero(target >= 0):
         ids, tw = d["token_ids"][i], d["twin_token_ids"][i]
-        c = d["colon_index"][i]
+        c, tc = d["colon_index"][i], colon[i]
         if (
-            (len(tw) != len(ids) if same_length else len(tw) <= c or len(ids) <= c)
-            or not 0 <= position[i] < c
+            (len(tw) != len(ids) or tc != c if same_length else len(tw) <= tc or len(ids) <= c)
+            or not 0 <= position[i] < min(c, tc)
             or target[i] >= len(d["labels"][i])
             or len(d["twin_labels"][i]) != len(d["labels"][i])
         ):
@@ -274,4 +280,5 @@ def _load_twins(path: Path, d: dict, meta: dict) -> dict:
         "twin_labels": [tuple(x) for x in d["twin_labels"]],
         "twin_target": target,
         "twin_position": position,
+        "twin_colon_index": colon,
     }

@@ -6,9 +6,10 @@ character offsets: the prompt must end exactly where a token ends (a tokenizer t
 the colon with the next word is refused), and the prompt's tokens must be the ones the
 prompt alone encodes to (so the prompt a model is given is the one it was trained on). Each
 label is scored by its first token, so two labels whose first tokens are the same cannot be
-told apart: such a tokenizer is refused for the task. A counterfactual twin is kept only
-where its prompt tokenizes to as many tokens as its example's, differs from it in one prompt
-token, and its changed label's first token is where the example's is (``encode_twin``).
+told apart: such a tokenizer is refused for the task. A counterfactual twin is kept where
+its prompt differs from its example's in one token, or, where the two label words take
+different numbers of tokens, in one run of tokens of another length (a shifted twin:
+``encode_twin``).
 """
 
 from __future__ import annotations
@@ -137,20 +138,28 @@ class TokenizerEncoding:
             label_pos.append(j)
         return Encoded(ids, colon, tuple(label_pos))
 
-    def encode_twin(self, clean: Encoded, twin: Twin) -> tuple[list[int], int] | None:
-        """The twin's ids and the one prompt token where they differ from the example's
-        (``clean``, its encoding), or None where the tokenizer breaks the twin contract: a
-        prompt of another length, more than one prompt token changed, or the changed label's
-        first token elsewhere than the example's (no one position then predicts both). What
-        follows that first token may differ in length (a label of more tokens)."""
+    def encode_twin(self, clean: Encoded, twin: Twin) -> tuple[list[int], int, int] | None:
+        """The twin's ids, the first prompt token where they differ from the example's
+        (``clean``, its encoding) and the twin's colon index; None where the tokenizer breaks
+        the twin contract. The prompts must differ in one contiguous run of tokens, with
+        everything before and after it the same: one token changed in place (an aligned twin,
+        the colon where the example's is), or, where the two label words take different
+        numbers of tokens (" ZERO" two and " ONE" one, say), a run of another length (a
+        shifted twin, its colon moved by the difference). The changed answer's first token
+        must follow the colon as the example's does; what follows it may differ in length."""
         enc = self.encode(twin.example)
-        a, b, c = clean.ids, enc.ids, clean.colon_index
-        if enc.colon_index != c:
+        a, b, c, tc = clean.ids, enc.ids, clean.colon_index, enc.colon_index
+        j, tj = clean.label_positions[twin.target], enc.label_positions[twin.target]
+        if tj - tc != j - c or a[j] == b[tj]:
             return None
-        j = clean.label_positions[twin.target]
-        if enc.label_positions[twin.target] != j or a[j] == b[j]:
+        pre = next((i for i in range(min(c, tc) + 1) if a[i] != b[i]), None)
+        if pre is None or pre >= min(c, tc):  # the colon itself changed
             return None
-        diff = [i for i in range(j) if a[i] != b[i]]
-        if len(diff) != 1 or diff[0] >= c:
+        post = 0  # prompt tokens equal from the end (the colon included)
+        while post <= min(c, tc) - pre and a[c - post] == b[tc - post]:
+            post += 1
+        if c - post < pre or tc - post < pre:  # the equal ends overlap: no run changed
             return None
-        return b, diff[0]
+        if tc == c and c - post != pre:  # in place, one token only
+            return None
+        return b, pre, tc

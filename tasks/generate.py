@@ -54,7 +54,7 @@ def check_memory(n_groups: int, distractors) -> None:
 def encode_all(encoding, examples, pairs):
     """The examples (and twins) through a tokenizer: each example's ``Encoded``, the
     tokenizer's description for the file, the twins (one the tokenizer breaks is dropped)
-    and the twins' ids."""
+    and the twins' ids and colon indices."""
     words = [w for ex in examples for w in ex.answer]
     words += [w for t in pairs or () if t is not None for w in t.example.answer]
     encoding.check_labels(words)
@@ -67,7 +67,8 @@ def encode_all(encoding, examples, pairs):
                 for t, e in zip(pairs, encoded, strict=True)]  # fmt: skip
         pairs = [None if k is None else replace(t, position=k[1])
                  for t, k in zip(pairs, kept, strict=True)]  # fmt: skip
-        twin_ids = [[] if k is None else k[0] for k in kept]
+        twin_ids = ([[] if k is None else k[0] for k in kept],
+                    [-1 if k is None else k[2] for k in kept])  # fmt: skip
     return encoded, tok_meta, pairs, twin_ids
 
 
@@ -119,6 +120,10 @@ def generate_dataset(
             "n_twins": sum(t is not None for t in pairs),
             "hash": content_hash([t.example for t in pairs if t is not None]),
         }
+        if twin_ids is not None:  # twins whose label word took another number of tokens
+            meta["twins"]["n_shifted"] = sum(
+                c >= 0 and c != e.colon_index for c, e in zip(twin_ids[1], encoded, strict=True)
+            )
     write_table(to_table(examples, meta, pairs, encoded, twin_ids), out)
     return out
 

@@ -192,13 +192,15 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
     assert ds.meta["twins"]["n_twins"] == len(kept)
     for i in kept:
         a, b, c = ds.token_ids[i], ds.twin_token_ids[i], int(ds.colon_index[i])
-        assert np.flatnonzero(a[: c + 1] != b[: c + 1]).tolist() == [ds.twin_position[i]]
+        tc = int(ds.twin_colon_index[i])
+        if tc == c:  # aligned: one token changed in place
+            assert np.flatnonzero(a[: c + 1] != b[: c + 1]).tolist() == [ds.twin_position[i]]
         text = enc.tok.decode(b)
         assert interpret(text) == ds.twin_labels[i]  # the oracle reads the twin's own text
         label = ds.twin_labels[i][ds.twin_target[i]]
-        n = min(len(a), len(b))
-        j = c + 1 + int(np.flatnonzero(a[c + 1 : n] != b[c + 1 : n])[0])
-        assert b[j] == enc.first_token(label) and a[j] != b[j]
+        n = min(len(a) - c, len(b) - tc)
+        k = 1 + int(np.flatnonzero(a[c + 1 : c + n] != b[tc + 1 : tc + n])[0])
+        assert b[tc + k] == enc.first_token(label) and a[c + k] != b[tc + k]
 
 
 def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
@@ -255,3 +257,93 @@ def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
                                  "delayed_memory", "--data", str(words), "--out", "iv2"])  # fmt: skip
     assert r.exit_code == 1 and "built-in word vocabulary" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv2").exists()
+
+
+def split_label_tokenizer():
+    """Every word one token but ZERO (ZE ##RO) and V3 (V ##3): through it delayed_memory's
+    twins all change the prompt's length, and multi_register's only where V3 comes or goes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tasks import vocab
+
+    words = ["<unk>", *(w for w in vocab.TOKENS if w not in ("ZERO", "V3")), "ZE", "##RO", "V",
+             "##3"]  # fmt: skip
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def llama_split(tmp_path_factory):
+    return model_folder(tmp_path_factory.mktemp("hf") / "llama-split", "llama",
+                        split_label_tokenizer())  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["delayed_memory", "multi_register"])
+def test_a_label_word_of_another_length_makes_a_shifted_twin(llama_split, tmp_path, task):
+    from tasks.generate import generate_dataset
+    from tests.oracle import interpret
+
+    path = generate_dataset(task, tmp_path / "t.parquet", n_groups=12, distractors=(1, 5),
+                            seed=3, twins=True, tokenizer=llama_split)  # fmt: skip
+    words = load(generate_dataset(task, tmp_path / "w.parquet", n_groups=12,
+                                  distractors=(1, 5), seed=3, twins=True))  # fmt: skip
+    ds, enc = load(path), TokenizerEncoding.from_folder(llama_split)
+    # no twin is lost: each one the words have is kept, aligned or shifted
+    assert (ds.twin_target >= 0).tolist() == (words.twin_target >= 0).tolist()
+    shifts = []
+    for i in np.flatnonzero(ds.twin_target >= 0):
+        a, b = ds.token_ids[i], ds.twin_token_ids[i]
+        c, tc, p = int(ds.colon_index[i]), int(ds.twin_colon_index[i]), int(ds.twin_position[i])
+        d = tc - c
+        # the prompts differ in one run of tokens from p: equal before it and after it
+        assert (a[:p] == b[:p]).all() and a[p] != b[p]
+        la, lb = 1 + max(0, -d), 1 + max(0, d)  # the changed run's length in each
+        assert (a[p + la : c + 1] == b[p + lb : tc + 1]).all()
+        changed = {enc.tok.decode(a[p : p + la]), enc.tok.decode(b[p : p + lb])}
+        assert d == 0 or changed & {"ZERO", "V3"}, changed
+        assert interpret(enc.tok.decode(b)) == ds.twin_labels[i]
+        shifts.append(d)
+    assert set(shifts) == ({-1, 1} if task == "delayed_memory" else {-1, 0, 1})
+    assert ds.meta["twins"]["n_shifted"] == sum(d != 0 for d in shifts)
+
+
+def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split, tmp_path):
+    from fbt_probe.hf import load_hf
+    from probes.intervene import TWIN, Key, run_battery
+    from tasks.generate import generate_dataset
+
+    m = load_hf(llama_split)
+    kinds = ("self", "interchange_token", "interchange_state")
+    dm = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
+                               distractors=(2, 6), seed=11, twins=True, tokenizer=llama_split))  # fmt: skip
+    rec, pairs, info = run_battery(m, dm, "standard", cache_dir=None, kinds=kinds)
+    assert info["n_shifted"] == info["n_pairs"] == len(pairs) == 16
+    # where only the label's tokens differ, swapping them in is running the twin
+    token = rec.hits[Key("interchange_token", "hook_embed", "label_token")]
+    for got, want in zip(token, rec.hits[TWIN], strict=True):
+        np.testing.assert_array_equal(got, want)
+    self_ld = rec.hits[Key("self", "hook_embed", "label_token")][2]
+    np.testing.assert_allclose(self_ld, rec.hits[Key("clean", "", "")][2], atol=1e-4)
+    with pytest.raises(ValueError, match="another number of tokens.*--prefill standard"):
+        run_battery(m, dm, "recurrent", cache_dir=None, kinds=kinds)
+    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_split), "--task",
+                                 "delayed_memory", "--prefill", "recurrent", "--data",
+                                 str(tmp_path / "dm.parquet"), "--out", str(tmp_path / "iv")])  # fmt: skip
+    assert r.exit_code == 1 and "another number of tokens" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv").exists()
+    # a mix: under feedback only the aligned twins are run, and the swap is a real patch
+    mr = load(generate_dataset("multi_register", tmp_path / "mr.parquet", n_groups=16,
+                               distractors=(2,), seed=11, twins=True, tokenizer=llama_split))  # fmt: skip
+    rec, pairs, info = run_battery(m, mr, "recurrent", cache_dir=None, kinds=kinds)
+    n_aligned = int((pairs_shift(mr) == 0).sum())
+    assert info["n_shifted"] == 0 and info["n_pairs"] == n_aligned and 0 < n_aligned < 16
+    token = rec.hits[Key("interchange_token", "hook_embed", "label_token")][2]
+    assert not np.allclose(token, rec.hits[TWIN][2])
+
+
+def pairs_shift(ds):
+    keep = ds.twin_target >= 0
+    return (ds.twin_colon_index - ds.colon_index)[keep]
