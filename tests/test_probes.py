@@ -336,3 +336,24 @@ def test_a_task_declared_position(tiny_setup, tmp_path):
     assert row.site == "resid@bit" and row.accuracy == 1.0
     r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "s"), "--site", "resid@need"])
     assert r.exit_code == 1 and "declares no position 'need'; it declares bit" in r.stderr
+
+
+def test_extraction_batches_keep_under_a_token_budget():
+    from types import SimpleNamespace
+
+    from fbt_probe.registry import resolve_model
+    from probes.extract import _batches, max_batch_tokens
+
+    lengths = np.array([5, 3, 9, 4, 8, 2, 7])
+    groups = [g.tolist() for g in _batches(lengths, batch_size=3, max_tokens=16)]
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    for g in groups:
+        assert len(g) <= 3 and len(g) * lengths[g].max() <= 16
+    assert groups == [[5, 1, 3], [0, 6], [4], [2]]  # lengths 2 3 4 | 5 7 | 8 | 9
+    # no budget: batch_size examples at a time, as before
+    assert [len(g) for g in _batches(lengths, 3)] == [3, 3, 1]
+    # the built-in model's longest prompts fit 128 at a time; a 30-layer, 576-wide one does not
+    model, _ = resolve_model("default")
+    assert max_batch_tokens(model) >= 128 * 300
+    wide = SimpleNamespace(cfg=SimpleNamespace(d_model=576, n_layers=30))
+    assert 16 * 263 > max_batch_tokens(wide) > 8 * 263
