@@ -96,6 +96,8 @@ def _find(module: nn.Module, names: tuple[str, ...], what: str, arch: str):
 class HFFeedbackModel(FeedbackModel):
     """A Hugging Face causal LM with the full-bandwidth fusion (see the module docstring)."""
 
+    lazy_logits = True
+
     def __init__(self, hf_model: nn.Module, cfg: HFConfig, encoding=None, source: str = ""):
         super().__init__()
         self.cfg = cfg

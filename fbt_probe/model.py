@@ -206,6 +206,10 @@ class PassOutput:
     logits: torch.Tensor
     states: torch.Tensor
 
+    def logits_at(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(n, d_vocab): the logits at (rows[i], positions[i]) only."""
+        return self.logits[rows, positions]
+
 
 class LazyPassOutput(PassOutput):
     """A pass whose logits are computed from its top states on first use: the next pass needs
@@ -219,13 +223,35 @@ class LazyPassOutput(PassOutput):
     @property
     def logits(self) -> torch.Tensor:
         if self._logits is None:
-            self._logits = self._head(self.states if self._source is None else self._source)
+            self._logits = self._read(self.states if self._source is None else self._source)
         return self._logits
+
+    def _read(self, x: torch.Tensor) -> torch.Tensor:
+        # states made under inference mode can take no gradient: read them the same way,
+        # wherever the logits are asked for
+        with torch.inference_mode(x.is_inference()):
+            return self._head(x)
+
+    def logits_at(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The head on the n states read only: a large vocabulary's logits at every position
+        of a long batch would be (batch x pos x d_vocab) floats."""
+        if self._logits is not None:
+            return self._logits[rows, positions]
+        source = self.states if self._source is None else self._source
+        return self._read(source[rows, positions])
 
     def masked(self, valid: torch.Tensor) -> LazyPassOutput:
         """The same pass with the states of invalid positions zeroed (the logits unchanged)."""
         source = self.states if self._source is None else self._source
         return LazyPassOutput(self.states * valid[..., None], self._head, source)
+
+
+def cat_positions(outs: list[PassOutput]) -> PassOutput:
+    """Steps' outputs joined along positions; lazy where every step's logits are."""
+    states = torch.cat([o.states for o in outs], dim=1)
+    if all(type(o) is LazyPassOutput and o._source is None for o in outs):
+        return LazyPassOutput(states, outs[0]._head)
+    return PassOutput(torch.cat([o.logits for o in outs], dim=1), states)
 
 
 @dataclass
@@ -252,6 +278,8 @@ class FeedbackModel(HookedRootModule):
 
     # whether ``stack(from_layer=l)`` can start at block l from that block's input
     skips_layers = False
+    # whether a pass's logits are computed only when read (``LazyPassOutput``)
+    lazy_logits = False
 
     def new_cache(self, batch: int, max_len: int, device=None):
         raise NotImplementedError

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FeedbackModel
+from fbt_probe.model import FeedbackModel, PassOutput, cat_positions
 from fbt_probe.positions import pos_dim, put, select_positions, take
 from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import recurrence_steps
@@ -45,11 +45,20 @@ class Trace:
     emb: torch.Tensor  # (batch, pos, d_model) plain embeddings
     plain: torch.Tensor  # (batch, pos) positions that keep their plain embedding
     prev: torch.Tensor | None  # (batch, pos, d_model) states of the pass before the last (Jacobi)
-    states: torch.Tensor  # (batch, pos, d_model) top states of the last pass / the recurrence
-    logits: torch.Tensor  # (batch, pos, d_vocab)
+    out: PassOutput  # the last pass / the recurrence: its top states and (lazy) logits
     cache: object | None  # keys and values of the last pass (None: not kept)
     pristine: object | None = None  # model.snapshot_cache(cache), what patched runs restore
     resid: torch.Tensor | None = None  # (n_layers, batch, pos, d_model) each block's input
+
+    @property
+    def states(self) -> torch.Tensor:
+        """(batch, pos, d_model) top states of the last pass / the recurrence."""
+        return self.out.states
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(batch, pos, d_vocab); ``out.logits_at`` reads a few positions without the rest."""
+        return self.out.logits
 
     @property
     def passes(self) -> int | None:
@@ -93,8 +102,7 @@ def clean_run(
     with model.hooks(fwd_hooks=hooks):
         run = prefill.run(model, tokens, cache)
     pristine = model.snapshot_cache(cache) if cache is not None else None
-    return Trace(prefill, emb, plain, run.prev, run.out.states, run.out.logits, cache, pristine,
-                 resid)  # fmt: skip
+    return Trace(prefill, emb, plain, run.prev, run.out, cache, pristine, resid)
 
 
 @torch.inference_mode()
@@ -106,9 +114,23 @@ def patched_run(
     emb: torch.Tensor | None = None,
     from_layer: int = 0,
 ) -> torch.Tensor:
+    """``patched_output(...).logits``: (batch, pos - start, d_vocab)."""
+    return patched_output(model, trace, start, hooks, emb, from_layer).logits
+
+
+@torch.inference_mode()
+def patched_output(
+    model: FeedbackModel,
+    trace: Trace,
+    start: int,
+    hooks: list[tuple[str, Callable]] = (),
+    emb: torch.Tensor | None = None,
+    from_layer: int = 0,
+) -> PassOutput:
     """Re-run the last pass (or the recurrence) of ``trace`` from position ``start`` on, with
     ``hooks`` active and ``emb`` (default: the clean embeddings) as the token embeddings.
-    Returns the logits of positions [start, pos): (batch, pos - start, d_vocab).
+    Returns the pass over positions [start, pos): its states and logits (computed when read,
+    on a model whose head is lazy; ``logits_at`` reads the answer positions alone).
 
     Positions before ``start`` are not recomputed: a patch must not touch them (their keys
     and values come from the clean run). ``from_layer`` > 0 also skips the blocks below that
@@ -130,7 +152,7 @@ def patched_run(
                 return _from_layer(model, trace, start, from_layer)
             if trace.passes is None:
                 carry = trace.states[:, start - 1 : start] if start > 0 else None
-                return recurrence_steps(model, emb, trace.plain, cache, start, carry).logits
+                return recurrence_steps(model, emb, trace.plain, cache, start, carry)
             prev = trace.prev
             if prev is None:  # a plain pass (standard prefill)
                 out = model.feedback_pass(
@@ -146,22 +168,22 @@ def patched_run(
                     cache=cache,
                     pass_index=trace.passes - 1,
                 )
-            return out.logits
+            return out
     finally:  # the next patched run reads the clean keys and values again
         model.restore_cache(cache, trace.pristine, start)
 
 
-def _from_layer(model: FeedbackModel, trace: Trace, start: int, layer: int) -> torch.Tensor:
+def _from_layer(model: FeedbackModel, trace: Trace, start: int, layer: int) -> PassOutput:
     """The blocks from ``layer`` up, on the clean inputs of that block, from ``start`` on."""
     x = trace.resid[layer]
     if trace.passes is not None:
         model.set_context(trace.passes - 1, None, start)
-        return model.stack(x[:, start:], start, trace.cache, from_layer=layer).logits
-    logits = []
+        return model.stack(x[:, start:], start, trace.cache, from_layer=layer)
+    outs = []
     for t in range(start, x.shape[1]):
         model.set_context(None, t, t)
-        logits.append(model.stack(x[:, t : t + 1], t, trace.cache, from_layer=layer).logits)
-    return torch.cat(logits, dim=1)
+        outs.append(model.stack(x[:, t : t + 1], t, trace.cache, from_layer=layer))
+    return cat_positions(outs)
 
 
 def replace_where(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformer_lens import ActivationCache
 
-from fbt_probe.model import FeedbackModel, PassOutput, PositionCapture
+from fbt_probe.model import FeedbackModel, PassOutput, PositionCapture, cat_positions
 
 
 def run_recurrence(
@@ -44,8 +44,9 @@ def recurrence_steps(
     """Steps ``start`` .. pos-1 of the recurrence on embeddings ``emb`` (batch, pos, d_model),
     ``carry`` (batch, 1, d_model) being h_{start-1} and ``cache`` holding the keys and values
     of the positions before ``start``: the whole recurrence from 0, or the rest of one (a
-    patched re-run). Returns the logits and states of positions [start, pos)."""
-    logits, states = [], []
+    patched re-run). Returns the logits and states of positions [start, pos); where the
+    model's passes compute their logits lazily, so does the whole recurrence."""
+    outs = []
     h_prev = carry
     for t in range(start, emb.shape[1]):
         out = model.feedback_pass(
@@ -58,9 +59,8 @@ def recurrence_steps(
             step=t,
         )
         h_prev = out.states
-        logits.append(out.logits)
-        states.append(out.states)
-    return PassOutput(torch.cat(logits, dim=1), torch.cat(states, dim=1))
+        outs.append(out)
+    return cat_positions(outs)
 
 
 def run_recurrence_with_cache(

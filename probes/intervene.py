@@ -26,10 +26,10 @@ import torch
 
 from fbt_probe.checkpoint import model_hash
 from fbt_probe.model import FeedbackModel
-from fbt_probe.patching import clean_run, patched_run
+from fbt_probe.patching import clean_run, patched_output
 from fbt_probe.prefill import Prefill, parse_prefill
 from probes.erasers import DIRECTION_C, depth_tools, saved_directions
-from probes.extract import DEFAULT_CACHE, depth_hooks, extract_cached
+from probes.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
 from probes.fit import N_BOOT, GroupBootstrap, grouped_splits
 from probes.interventions import ALPHAS, REGISTRY, Context, parse_interventions, specs
 from probes.twins import (
@@ -70,41 +70,73 @@ class Record:
     n: int
     hits: dict = field(default_factory=dict)
 
-    def put(self, key: Key, idx: np.ndarray, logits: torch.Tensor, pairs: Pairs) -> None:
+    def _row(self, key: Key):
         if key not in self.hits:
             self.hits[key] = (np.zeros(self.n, bool), np.zeros(self.n, bool), np.zeros(self.n))
-        c, f, ld = self.hits[key]
+        return self.hits[key]
+
+    def put(self, key: Key, idx: np.ndarray, logits: torch.Tensor, pairs: Pairs) -> None:
+        c, f, ld = self._row(key)
         lg = logits.double().cpu().numpy()
         arg = lg.argmax(1)
         ci, ti = pairs.clean_id[idx], pairs.twin_id[idx]
         rows = np.arange(len(idx))
         c[idx], f[idx], ld[idx] = arg == ci, arg == ti, lg[rows, ci] - lg[rows, ti]
 
+    def copy(self, source: Key, key: Key, idx: np.ndarray) -> None:
+        """``key``'s outcome for the examples ``idx`` is ``source``'s (the same run)."""
+        for into, src in zip(self._row(key), self.hits[source], strict=True):
+            into[idx] = src[idx]
 
-def _answer_logits(logits: torch.Tensor, b: PairBatch, start: int, twin: bool = False):
-    """(b, vocab) at each example's (or each twin's) answer position, from logits of
-    positions >= start."""
-    rows = torch.arange(len(b.idx), device=logits.device)
-    return logits[rows, (b.twin_answer if twin else b.answer) - start]
+
+# The clean runs of every batch are kept for the patched runs (each batch then runs once)
+# while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
+# just before its patched runs, and only the fed-back states stay between the two phases.
+KEEP_BYTES = 2 << 30
+
+
+def kept_bytes_per_token(model) -> int:
+    """What a batch's clean and twin traces hold per token, about: the keys and values with
+    their pristine copy and each block's input (5 x layers x d_model floats at most), a few
+    (pos, d_model) tensors, and the logits where the model's head is not lazy."""
+    d, n, v = model.cfg.d_model, model.cfg.n_layers, model.cfg.d_vocab
+    return 4 * (5 * n * d + 6 * d + (0 if model.lazy_logits else 2 * v))
+
+
+def _answer_logits(out, b: PairBatch, start: int, twin: bool = False) -> torch.Tensor:
+    """(b, vocab) at each example's (or each twin's) answer position, from a pass over the
+    positions >= start; only those positions go through the head."""
+    rows = torch.arange(len(b.idx), device=b.answer.device)
+    return out.logits_at(rows, (b.twin_answer if twin else b.answer) - start)
+
+
+def run_pair(model, b: PairBatch, pf: Prefill, keep_cache: bool = True) -> None:
+    """The clean run of a batch (with what patched runs reuse) and its twins' run."""
+    b.clean = clean_run(model, b.tokens, pf, keep_cache=keep_cache)
+    b.twin = clean_run(model, b.twin_tokens, pf, keep_cache=False)
 
 
 def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pairs: Pairs,
-                        progress=None, label: str = "") -> torch.Tensor:  # fmt: skip
-    """Run every batch and its twins once (kept on the batches); returns the mean fed-back
-    state over the dataset (zero under standard prefill)."""
-    total, count = torch.zeros(model.cfg.d_model, dtype=torch.float64), 0
+                        progress=None, label: str = "", keep: bool = True):  # fmt: skip
+    """Run every batch and its twins once, recording their answers; ``keep`` keeps the runs
+    on the batches, else only the fed-back states. Returns the mean fed-back state over the
+    dataset (zero under standard prefill) and every batch's fed-back states (None each under
+    standard prefill)."""
+    total, count, fed = torch.zeros(model.cfg.d_model, dtype=torch.float64), 0, []
     for k, b in enumerate(bs):
-        b.clean = clean_run(model, b.tokens, pf)
-        b.twin = clean_run(model, b.twin_tokens, pf, keep_cache=False)
-        rec.put(CLEAN, b.idx, _answer_logits(b.clean.logits, b, 0), pairs)
-        rec.put(TWIN, b.idx, _answer_logits(b.twin.logits, b, 0, twin=True), pairs)
+        run_pair(model, b, pf, keep_cache=keep)
+        rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
+        rec.put(TWIN, b.idx, _answer_logits(b.twin.out, b, 0, twin=True), pairs)
+        fed.append(b.clean.fed)
         if b.clean.fed is not None:
             m = window_mask("all", b)
             total += b.clean.fed[m].double().sum(0).cpu()
             count += int(m.sum())
+        if not keep:
+            b.clean = b.twin = None
         if progress is not None:
             progress(k + 1, len(bs), f"{label}: clean and twin runs")
-    return (total / max(count, 1)).float().to(next(model.parameters()).device)
+    return (total / max(count, 1)).float().to(next(model.parameters()).device), fed
 
 
 def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, folds: int,
@@ -169,11 +201,13 @@ def run_battery(
             f"{ds.task}: {n_groups} groups have twins, too few for {folds} grouped folds (the "
             "erasers and directions are cross-fitted); generate more groups"
         )
-    bs = batches(pairs, batch_size, next(model.parameters()).device)
+    bs = batches(pairs, batch_size, next(model.parameters()).device,
+                 max_tokens=max_batch_tokens(model))  # fmt: skip
     rec, label = Record(len(pairs)), f"{ds.task} {pf.name}"
-    mean_state = clean_and_twin_runs(model, bs, pf, rec, pairs, progress, label)
-    donor = donors(pairs, bs, seed) if bs[0].clean.fed is not None else {}
-    fed, answers = ([b.clean.fed for b in bs] if donor else []), [b.answer for b in bs]
+    keep = sum(b.tokens.numel() for b in bs) * kept_bytes_per_token(model) <= KEEP_BYTES
+    mean_state, fed = clean_and_twin_runs(model, bs, pf, rec, pairs, progress, label, keep)
+    donor = donors(pairs, bs, seed) if pf.feedback else {}
+    fed, answers = (fed if donor else []), [b.answer for b in bs]
     t_clean = time.monotonic() - t0
     tools, directions = None, "none"
     if directed:
@@ -182,6 +216,8 @@ def run_battery(
     n_runs, by_kind = 0, dict.fromkeys(kinds, 0.0)
     hooks_by_depth = depth_hooks(model)
     for k, b in enumerate(bs):
+        if not keep:
+            run_pair(model, b, pf)
         dfed = donor_states(b, fed, answers, donor) if donor else None
         ctx = Context(b, pf.passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers)
         for sp in specs(ctx, kinds):
@@ -189,10 +225,10 @@ def run_battery(
             key = Key(sp.intervention, sp.site, sp.positions)
             key = key if sp.alpha is None else Key(*astuple(key)[:3], sp.alpha)
             if sp.twin_run:
-                rec.put(key, b.idx, _answer_logits(b.twin.logits, b, 0, twin=True), pairs)
+                rec.copy(TWIN, key, b.idx)
             else:
-                logits = patched_run(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
-                rec.put(key, b.idx, _answer_logits(logits, b, sp.start), pairs)
+                out = patched_output(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
+                rec.put(key, b.idx, _answer_logits(out, b, sp.start), pairs)
             by_kind[sp.intervention] += time.monotonic() - t1
             n_runs += 1
         b.clean = b.twin = None  # free the keys and values
@@ -201,7 +237,7 @@ def run_battery(
     seconds = {"clean_and_twin": t_clean, "erasers": t_tools,
                "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
     info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),
-            "n_shifted": int((pairs.shift != 0).sum()),
+            "n_shifted": int((pairs.shift != 0).sum()), "runs_kept": keep,
             "patched_runs": n_runs, "directions": directions, "seconds": seconds}  # fmt: skip
     return rec, pairs, info
 

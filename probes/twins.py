@@ -124,18 +124,23 @@ class PairBatch:
         return bool((self.twin_answer == self.answer).all())
 
 
-def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1) -> list[PairBatch]:
-    """Examples sorted by length, at most ``batch_size`` at a time, and a new batch wherever
+def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
+            max_tokens: int | None = None) -> list[PairBatch]:  # fmt: skip
+    """Examples sorted by length, at most ``batch_size`` at a time (and at most ``max_tokens``
+    tokens, padded to the longest), and a new batch wherever
     the length grows by more than ``spread`` (and 4 positions) over the batch's shortest: a
     patch at the colon then re-runs only a few positions of every example. Aligned and
     shifted twins go in batches of their own."""
     lens = pairs.answer + 1
+    longest = np.array([max(len(a), len(b)) for a, b in zip(pairs.tokens, pairs.twin_tokens,
+                                                              strict=True)])  # fmt: skip
     shifted = pairs.shift != 0
     order = np.lexsort((lens, shifted))
     groups, cur = [], []
     for i in order:
         if cur and (
             len(cur) == batch_size
+            or (max_tokens and (len(cur) + 1) * max(longest[cur + [i]]) > max_tokens)
             or shifted[i] != shifted[cur[0]]
             or lens[i] - lens[cur[0]] > max(4, spread * lens[cur[0]])
         ):

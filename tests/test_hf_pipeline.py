@@ -347,3 +347,37 @@ def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split
 def pairs_shift(ds):
     keep = ds.twin_target >= 0
     return (ds.twin_colon_index - ds.colon_index)[keep]
+
+
+@pytest.mark.parametrize("prefill", ["recurrent", "full"])
+def test_a_battery_that_runs_its_batches_again_records_what_one_that_keeps_them_does(
+    llama, tmp_path, monkeypatch, prefill
+):
+    """A real model's clean runs do not all fit in memory: past KEEP_BYTES each batch is run
+    again before its patched runs, and batches keep under the extraction's token budget;
+    neither changes any example's outcome."""
+    import probes.intervene as iv
+    from fbt_probe.hf import load_hf
+    from probes.twins import batches, pairs_of
+    from tasks.generate import generate_dataset
+
+    m = load_hf(llama)
+    ds = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
+                               distractors=(2, 6), seed=11, twins=True, tokenizer=llama))  # fmt: skip
+    kinds = ("interchange_state", "interchange_token", "zero_state", "resample_state")
+    kept, _, info = iv.run_battery(m, ds, prefill, cache_dir=None, kinds=kinds)
+    assert info["runs_kept"]
+    n_batches = info["n_batches"]
+    monkeypatch.setattr(iv, "KEEP_BYTES", 0)
+    monkeypatch.setattr(iv, "max_batch_tokens", lambda model: 40)
+    again, _, info = iv.run_battery(m, ds, prefill, cache_dir=None, kinds=kinds)
+    assert not info["runs_kept"] and info["n_batches"] > n_batches
+    for b in batches(pairs_of(ds), 128, "cpu", max_tokens=40):
+        assert max(b.tokens.numel(), b.twin_tokens.numel()) <= 40
+    assert set(again.hits) == set(kept.hits)
+    for key, (c, f, ld) in kept.hits.items():
+        if key.intervention == "resample_state":  # its donors are drawn within a batch
+            continue
+        kc, kf, kld = again.hits[key]
+        assert np.array_equal(kc, c) and np.array_equal(kf, f), key
+        np.testing.assert_allclose(kld, ld, atol=1e-4, rtol=0)
