@@ -352,6 +352,10 @@ def intervene(
     seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and random-direction seed."),
     random_init: bool = typer.Option(False, "--random-init", help="A control: the battery on a "
                                      "random-init model of --model's config."),
+    depths: str = typer.Option(None, "--depths", help="Where the erasers and steering act: "
+                               "'all', or depths of the colon (0 = the embeddings), "
+                               "comma-separated. Default: 5 evenly spaced, first and last "
+                               "included (every depth of a model with up to 4 layers)."),
     batch_size: int = typer.Option(128, "--batch-size", min=1, help="Examples per batch."),
     device: str = DEVICE,
 ) -> None:  # fmt: skip
@@ -367,7 +371,7 @@ def intervene(
         done = run_intervene(task=task, prefill=prefill, model=model, data=data, out=out,
                              probes_dir=probes_dir, seed=seed, random_init=random_init,
                              batch_size=batch_size, device=device, kinds=intervention,
-                             progress=bar)  # fmt: skip
+                             depths=depths, progress=bar)  # fmt: skip
     if done is None:
         return  # another rank of torchrun
     df, plan = done

@@ -139,23 +139,53 @@ def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pa
     return (total / max(count, 1)).float().to(next(model.parameters()).device), fed
 
 
+# The depth interventions (erasers, steering: 20 patched runs a depth) run at this many
+# depths of the colon by default, evenly spaced from the embeddings to the top: all of the
+# built-in model's 5; 5 of a 30-layer model's 31, whose every depth would take hours on a CPU.
+DEFAULT_DEPTHS = 5
+
+
+def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
+    """The depths of ``--depths``: 'all', comma-separated depths, or None (DEFAULT_DEPTHS of
+    them, evenly spaced, the first and the last among them)."""
+    if spec is None:
+        k = min(DEFAULT_DEPTHS, n_depths)
+        return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
+    if spec.strip() == "all":
+        return tuple(range(n_depths))
+    try:
+        picked = sorted({int(w) for w in spec.split(",") if w.strip()})
+    except ValueError:
+        picked = []
+    if not picked or not all(0 <= d < n_depths for d in picked):
+        raise ValueError(f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, "
+                         "comma-separated")  # fmt: skip
+    return tuple(picked)
+
+
 def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, folds: int,
-              cache_dir) -> tuple[dict, str]:  # fmt: skip
-    """Erasers and directions at each depth of the colon, cross-fitted over grouped folds,
-    and what the directions came from."""
-    feats, _ = extract_cached(model, ds, pf, cache_dir)
+              cache_dir, progress=None, label: str = "",
+              depths: tuple[int, ...] | None = None) -> tuple[dict, str]:  # fmt: skip
+    """Erasers and directions at ``depths`` of the colon (default: every depth),
+    cross-fitted over grouped folds, and what the directions came from."""
+    report = None if progress is None else (
+        lambda i, n, _: progress(i, n, f"{label}: features for the erasers"))  # fmt: skip
+    feats, _ = extract_cached(model, ds, pf, cache_dir, progress=report)
     feats = feats[pairs.rows]
     names = target_names(ds.task, ds.meta.get("params"))
     targets = sorted(set(pairs.target.tolist()))
     classes = {t: sorted(set(pairs.labels[:, t].tolist())) for t in targets}
     held = [te for _, te in grouped_splits(pairs.labels[:, targets[0]], pairs.groups, folds, seed)]
     tools, directions = {}, "none"
-    for d in range(feats.shape[1]):
+    depths = tuple(range(feats.shape[1])) if depths is None else depths
+    for k, d in enumerate(depths):
         saved = None
         if probes is not None:
             saved = saved_directions(probes, ds.task, names, targets, pf.name, d)
         directions = "saved probes" if saved is not None else f"logistic (C={DIRECTION_C}) per fold"
         tools[d] = depth_tools(feats[:, d], pairs, classes, held, saved, seed, d)
+        if progress is not None:
+            progress(k + 1, len(depths), f"{label}: erasers and directions by depth")
     return tools, directions
 
 
@@ -188,9 +218,11 @@ def run_battery(
     probes: list | None = None,
     progress: Callable | None = None,
     kinds: tuple[str, ...] | None = None,
+    depths: str | None = None,
 ) -> tuple[Record, Pairs, dict]:
     """Run the interventions ``kinds`` (default: every registered one) of one (dataset,
-    prefill); returns the per-example record, the pairs and what the run used."""
+    prefill), those at a depth at ``depths`` (``pick_depths``); returns the per-example
+    record, the pairs and what the run used."""
     t0, pf, kinds = time.monotonic(), parse_prefill(prefill), kinds or tuple(REGISTRY)
     model.eval()
     pairs = aligned_if_fed(pairs_of(ds), pf, ds.task)
@@ -210,11 +242,13 @@ def run_battery(
     fed, answers = (fed if donor else []), [b.answer for b in bs]
     t_clean = time.monotonic() - t0
     tools, directions = None, "none"
+    hooks_by_depth = depth_hooks(model)
+    at = pick_depths(depths, len(hooks_by_depth))
     if directed:
-        tools, directions = fit_tools(model, ds, pf, pairs, probes, seed, folds, cache_dir)
+        tools, directions = fit_tools(model, ds, pf, pairs, probes, seed, folds, cache_dir,
+                                      progress, label, at)  # fmt: skip
     t_tools = time.monotonic() - t0 - t_clean
     n_runs, by_kind = 0, dict.fromkeys(kinds, 0.0)
-    hooks_by_depth = depth_hooks(model)
     for k, b in enumerate(bs):
         if not keep:
             run_pair(model, b, pf)
@@ -238,6 +272,7 @@ def run_battery(
                "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
     info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),
             "n_shifted": int((pairs.shift != 0).sum()), "runs_kept": keep,
+            "depths": list(at) if directed else [],
             "patched_runs": n_runs, "directions": directions, "seconds": seconds}  # fmt: skip
     return rec, pairs, info
 
@@ -295,8 +330,10 @@ def run_intervene(
     cache_dir=DEFAULT_CACHE,
     progress: Callable | None = None,
     kinds: tuple[str, ...] | None = None,
+    depths: str | None = None,
 ) -> pd.DataFrame:
-    """The battery (the interventions ``kinds``, default all) for every (task, prefill) of
+    """The battery (the interventions ``kinds``, default all; ``depths``, ``pick_depths``)
+    for every (task, prefill) of
     ``plan``; writes ``interventions.csv`` and ``interventions.json`` (what was run, on what,
     and how long it took)."""
     from probes.artifacts import load_probes
@@ -320,7 +357,7 @@ def run_intervene(
         ds = loaded[task]
         rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
                                        cache_dir=cache_dir, probes=probes, progress=progress,
-                                       kinds=kinds)  # fmt: skip
+                                       kinds=kinds, depths=depths)  # fmt: skip
         frames.append(summarise(rec, pairs, task, prefill, seed))
         meta_runs.append({"task": task, "dataset_hash": ds.content_hash,
                           "twins_hash": ds.meta.get("twins", {}).get("hash"),
@@ -342,7 +379,7 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
               data: str | Path | None = None, out: str | Path = "results/interventions",
               probes_dir: str | Path | None = None, seed: int = 0, random_init: bool = False,
               batch_size: int = 128, device: str = "cpu", kinds: str | None = None,
-              progress: Callable | None = None):  # fmt: skip
+              depths: str | None = None, progress: Callable | None = None):  # fmt: skip
     """``fbt-probe intervene``: the battery (``kinds``: comma-separated names, default all)
     on each task x prefill, checked before any work; writes ``interventions.csv`` and
     ``.json`` and the figures. Under torchrun the ranks share the probe features'
@@ -372,6 +409,7 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
         load_probes(probes_dir)  # a missing or unreadable folder fails now, not after work
     dev, world = place(device)
     m, name = resolve_model(model, dev)
+    pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
     if random_init:
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction
@@ -384,6 +422,7 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
             return None  # rank 0 runs the battery, finding the features in the cache
     plan = [(t, p.name) for t in task_list for p in prefills]
     df = run_intervene(m, name, plan, out, data=data_map, probes_dir=probes_dir, seed=seed,
-                       batch_size=batch_size, progress=progress, kinds=names)  # fmt: skip
+                       batch_size=batch_size, progress=progress, kinds=names,
+                       depths=depths)  # fmt: skip
     plot_interventions(df, Path(out) / "figures")
     return df, plan

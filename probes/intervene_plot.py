@@ -25,9 +25,10 @@ DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 
                  ("steer_random", 4.0))  # fmt: skip
 
 
-def depth_of(site: str, sites: list[str]) -> int:
-    """Depth of a residual site: its index in the depth ladder the CSV's sites make."""
-    return sites.index(site)
+def depth_of(site: str, sites: list[str] | None = None) -> int:
+    """Depth of a residual site, from its name: block l's input is depth l, the last block's
+    output one more (the battery may have run at a few depths only)."""
+    return int(site.split(".")[1]) + site.endswith("resid_post")
 
 
 def _ladder(g: pd.DataFrame) -> list[str]:

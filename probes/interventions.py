@@ -87,7 +87,8 @@ class Spec:
 class Context:
     """One batch of pairs as the kinds see it: the batch with its clean and twin runs, the
     prefill's passes (None: full), the dataset's mean fed-back state, each example's donor
-    states (resample_state), the erasers and directions by depth (None: not fitted), the
+    states (resample_state), the erasers and directions of the depths the battery runs at
+    (None: not fitted), the
     hooks of the depths and whether the model's stack can start at a depth."""
 
     b: PairBatch
@@ -284,7 +285,7 @@ def locations(ctx: Context) -> list[Location]:
                 if first_true(window_mask(w, ctx.b)) is not None]  # fmt: skip
     out.append(Location("token"))
     if ctx.tools is not None:
-        for d in range(len(ctx.hooks_by_depth)):
+        for d in sorted(ctx.tools):
             out += [Location("depth", depth=d)]
             out += [Location("depth", depth=d, alpha=a) for a in ALPHAS]
     return out

@@ -17,6 +17,7 @@ from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
 from probes.erasers import fit_leace
 from probes.intervene import COLUMNS, Key, run_battery, summarise
+from probes.intervene_plot import depth_of
 from probes.interventions import REGISTRY
 from probes.twins import batches, pairs_of, window_mask
 from tasks import delayed_memory, done_tracking, get_task, multi_register, vocab
@@ -299,6 +300,33 @@ def test_intervene_refuses_a_dataset_without_twins(tmp_path):
         len(r.stderr.strip().splitlines()) == 1
         and not (tmp_path / "iv" / "interventions.csv").exists()
     )
+
+
+def test_depths_pick_where_the_depth_interventions_act(tmp_path):
+    from probes.intervene import pick_depths
+
+    assert pick_depths(None, 5) == (0, 1, 2, 3, 4)  # the built-in model: every depth
+    assert pick_depths(None, 31) == (0, 8, 15, 22, 30)  # a 30-layer model: 5 of them
+    assert pick_depths("all", 31) == tuple(range(31))
+    assert pick_depths(" 2,0,2", 3) == (0, 2)
+    for bad in ("", "3", "-1", "one", "1,,x"):
+        with pytest.raises(ValueError, match="--depths"):
+            pick_depths(bad, 3)
+    m = FBTModel(FBTConfig(d_model=32, n_layers=7, n_heads=2, d_mlp=64, n_ctx=320), seed=5)
+    ds = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=6,
+                               distractors=(1, 4), seed=11, twins=True))  # fmt: skip
+    kinds = ("erase_probe", "steer_probe")
+    for spec, want in ((None, {0, 2, 4, 5, 7}), ("1,5", {1, 5})):
+        rec, _, info = run_battery(m, ds, "recurrent", cache_dir=None, kinds=kinds, folds=3,
+                                   depths=spec)  # fmt: skip
+        sites = {k.site for k in rec.hits if k.intervention in kinds}
+        assert {depth_of(s) for s in sites} == want and info["depths"] == sorted(want)
+        assert info["patched_runs"] == len(want) * (1 + 9) * info["n_batches"]  # 9 alphas
+    r = _cli("intervene", "--depths", "9", "--out", str(tmp_path / "iv"), cwd=tmp_path)
+    assert r.returncode == 1 and not (tmp_path / "iv").exists()
+    assert r.stderr.strip().splitlines() == [
+        "error: --depths '9': give 'all' or depths between 0 and 4, comma-separated"
+    ]
 
 
 def test_delayed_memory_twin_is_the_other_bit():
