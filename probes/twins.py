@@ -132,8 +132,7 @@ def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
     patch at the colon then re-runs only a few positions of every example. Aligned and
     shifted twins go in batches of their own."""
     lens = pairs.answer + 1
-    longest = np.array([max(len(a), len(b)) for a, b in zip(pairs.tokens, pairs.twin_tokens,
-                                                              strict=True)])  # fmt: skip
+    longest = np.maximum(pairs.answer, pairs.twin_answer) + 1
     shifted = pairs.shift != 0
     order = np.lexsort((lens, shifted))
     groups, cur = [], []
@@ -150,8 +149,9 @@ def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
     groups.append(np.array(cur))
     out = []
     for idx in groups:
-        a = _padded([pairs.tokens[i] for i in idx])
-        b = _padded([pairs.twin_tokens[i] for i in idx])
+        # up to the answer: a causal model's later positions change nothing read there
+        a = _padded([pairs.tokens[i][: pairs.answer[i] + 1] for i in idx])
+        b = _padded([pairs.twin_tokens[i][: pairs.twin_answer[i] + 1] for i in idx])
         at = [torch.as_tensor(x[idx], device=device)
               for x in (pairs.answer, pairs.twin_answer, pairs.label_pos, pairs.colon)]  # fmt: skip
         out.append(PairBatch(idx, a.to(device), b.to(device), *at))
