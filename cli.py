@@ -8,6 +8,7 @@ one line on stderr with a non-zero exit.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -378,8 +379,10 @@ def intervene(
     typer.echo(
         f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
     )
+    runs = json.loads((out / "interventions.json").read_text())["runs"]
+    clean = {(r["task"], r["prefill"]): r.get("clean_accuracy") for r in runs}
     for t, p in plan:
-        line = headline(df, t, p)
+        line = headline(df, t, p, clean.get((t, p)))
         if line:
             typer.echo(line)
 

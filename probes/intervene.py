@@ -206,6 +206,34 @@ def aligned_if_fed(pairs: Pairs, pf: Prefill, task: str) -> Pairs:
     return pairs.subset(keep)
 
 
+def patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state, donated, tools,
+                 hooks_by_depth, progress, label) -> tuple[int, dict]:  # fmt: skip
+    """Every batch's patched runs, into ``rec``; where the clean and twin runs were not kept,
+    each batch's are done again first. Returns the number of runs and seconds by kind."""
+    fed, answers, donor = donated
+    n_runs, by_kind = 0, dict.fromkeys(kinds, 0.0)
+    for k, b in enumerate(bs):
+        if not keep:
+            run_pair(model, b, pf)
+        dfed = donor_states(b, fed, answers, donor) if donor else None
+        ctx = Context(b, pf.passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers)
+        for sp in specs(ctx, kinds):
+            t1 = time.monotonic()
+            key = Key(sp.intervention, sp.site, sp.positions)
+            key = key if sp.alpha is None else Key(*astuple(key)[:3], sp.alpha)
+            if sp.twin_run:
+                rec.copy(TWIN, key, b.idx)
+            else:
+                out = patched_output(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
+                rec.put(key, b.idx, _answer_logits(out, b, sp.start), pairs)
+            by_kind[sp.intervention] += time.monotonic() - t1
+            n_runs += 1
+        b.clean = b.twin = None  # free the keys and values
+        if progress is not None:
+            progress(k + 1, len(bs), f"{label}: interventions")
+    return n_runs, by_kind
+
+
 @torch.inference_mode()
 def run_battery(
     model: FeedbackModel,
@@ -248,26 +276,9 @@ def run_battery(
         tools, directions = fit_tools(model, ds, pf, pairs, probes, seed, folds, cache_dir,
                                       progress, label, at)  # fmt: skip
     t_tools = time.monotonic() - t0 - t_clean
-    n_runs, by_kind = 0, dict.fromkeys(kinds, 0.0)
-    for k, b in enumerate(bs):
-        if not keep:
-            run_pair(model, b, pf)
-        dfed = donor_states(b, fed, answers, donor) if donor else None
-        ctx = Context(b, pf.passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers)
-        for sp in specs(ctx, kinds):
-            t1 = time.monotonic()
-            key = Key(sp.intervention, sp.site, sp.positions)
-            key = key if sp.alpha is None else Key(*astuple(key)[:3], sp.alpha)
-            if sp.twin_run:
-                rec.copy(TWIN, key, b.idx)
-            else:
-                out = patched_output(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
-                rec.put(key, b.idx, _answer_logits(out, b, sp.start), pairs)
-            by_kind[sp.intervention] += time.monotonic() - t1
-            n_runs += 1
-        b.clean = b.twin = None  # free the keys and values
-        if progress is not None:
-            progress(k + 1, len(bs), f"{label}: interventions")
+    n_runs, by_kind = patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state,
+                                   (fed, answers, donor), tools, hooks_by_depth,
+                                   progress, label)  # fmt: skip
     seconds = {"clean_and_twin": t_clean, "erasers": t_tools,
                "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
     info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),

@@ -72,9 +72,11 @@ def multi_target_table(df: pd.DataFrame, task: str) -> str:
 MIN_CLEAN_ACCURACY = 0.8
 
 
-def headline(df: pd.DataFrame, task: str, prefill: str) -> str:
+def headline(df: pd.DataFrame, task: str, prefill: str, clean_accuracy: float | None = None) -> str:
     """The answer, in words, to: does the answer rely on the fed-back state, on attention to
-    the original token, or on both? From the flip rates of the two interchanges."""
+    the original token, or on both? From the flip rates of the two interchanges; none where
+    the clean run's accuracy (the ``self`` rows, else ``clean_accuracy``) is below
+    ``MIN_CLEAN_ACCURACY``."""
     g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "flip_rate")]
 
     def pick(intervention, site, positions):
@@ -88,9 +90,10 @@ def headline(df: pd.DataFrame, task: str, prefill: str) -> str:
     fmt = lambda r: f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"  # noqa: E731
     acc = df[(df.task == task) & (df.prefill == prefill) & (df.intervention == "self")
              & (df.metric == "accuracy")]  # fmt: skip
-    if len(acc) and acc.iloc[0].value < MIN_CLEAN_ACCURACY:
+    clean = acc.iloc[0].value if len(acc) else clean_accuracy
+    if clean is not None and clean < MIN_CLEAN_ACCURACY:
         return (
-            f"{task}, {prefill} prefill: the clean run answers only {acc.iloc[0].value:.3f} of "
+            f"{task}, {prefill} prefill: the clean run answers only {clean:.3f} of "
             f"these prompts, so the interchanges (state {st.value if st is not None else float('nan'):.3f}, "
             f"token {tok.value:.3f}) say nothing about what it uses."
         )

@@ -181,6 +181,19 @@ def test_the_headline_reads_the_two_interchanges(state, token, clean, words):
     assert words in line and f"{state:.3f}" in line
 
 
+@pytest.mark.parametrize("clean,words", [(0.549, "say nothing"), (0.95, "follows the state")])
+def test_a_battery_without_self_rows_is_read_against_the_clean_accuracy_it_measured(clean, words):
+    # `intervene -i interchange_state,interchange_token` runs no `self` rows; the clean run's
+    # accuracy then comes from the run's info, and a model that does not do the task gets
+    # no verdict on which route it uses
+    from probes.report import headline
+
+    iv = _interventions(0.9, 0.1)
+    iv = iv[iv.intervention != "self"]
+    assert words in headline(iv, "delayed_memory", "recurrent", clean)
+    assert "follows the state" in headline(iv, "delayed_memory", "recurrent")
+
+
 def test_report_puts_probe_and_erasure_side_by_side(results):
     res, df = results
     iv = _interventions(0.9, 0.1)
