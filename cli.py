@@ -426,6 +426,42 @@ def reproduce(
 
 @app.command()
 @user_errors
+def lens(
+    model: str = MODEL,
+    task: str = TASKS,
+    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes read (1..16); the "
+                               "final distribution is the last pass's output."),
+    position: str = typer.Option("colon", "--position", help="Where each prompt is read: colon, "
+                                 "colon-K, or a position the task declares (delayed_memory: bit)."),
+    data: Path = typer.Option(None, "--data", help="A dataset file (its task is used); default "
+                              "data/<task>.parquet, generated if absent."),
+    out: Path = typer.Option(Path("results/lens"), "--out", "-o", help="Output folder."),
+    tuned: bool = typer.Option(True, "--tuned/--no-tuned", help="Also read through a tuned lens "
+                               "(fitted on half the groups and saved in OUT/tuned_lens, unless "
+                               "--tuned-lens names one)."),
+    tuned_lens: Path = typer.Option(None, "--tuned-lens", help="A saved tuned lens folder (fitted "
+                                    "on this model) instead of fitting one."),
+    seed: int = typer.Option(0, "--seed", help="Which groups fit the tuned lens; bootstrap seed."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    device: str = DEVICE,
+) -> None:  # fmt: skip
+    """What does each (pass, depth) already say? The logit lens and a tuned lens at the colon,
+    and the fed-back state read through the head: KL to the final distribution and the
+    answer's probability and rank, by task and distractor count; a CSV and heatmaps.
+
+    Library: probes.lens_run.lens."""
+    from probes.lens_run import lens as run_lens
+
+    with eager("lens", 1) as bar:
+        _, lines = run_lens(model=model, task=task, passes=passes, position=position, data=data,
+                            out=out, tuned=tuned, tuned_lens=tuned_lens, seed=seed,
+                            batch_size=batch_size, device=device, progress=bar)  # fmt: skip
+    for line in lines:
+        typer.echo(line)
+
+
+@app.command()
+@user_errors
 def stability(
     model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
                                     "folder; repeat to compare models in one figure."),

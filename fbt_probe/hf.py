@@ -126,6 +126,13 @@ class HFFeedbackModel(FeedbackModel):
             raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab})")
         return self.hook_embed(self.hf.get_input_embeddings()(tokens))
 
+    def read_state(self, h: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_output_embeddings()(h)
+
+    def read_resid(self, x: torch.Tensor) -> torch.Tensor:
+        # ``forward`` itself: calling the module would fire ln_final.hook_normalized
+        return self.read_state(self._final_norm.forward(x))
+
     def new_cache(self, batch: int, max_len: int, device=None):
         """An empty Hugging Face KV cache (grows as positions are added)."""
         from transformers import DynamicCache

@@ -293,6 +293,23 @@ class FeedbackModel(HookedRootModule):
         saw (a patched re-run from ``start`` replaced them)."""
         raise NotImplementedError
 
+    def depth_hooks(self) -> list[str]:
+        """The residual stream's hooks in depth order: depth l < L is block l's input (depth 0:
+        the embeddings, or the fused feedback), depth L the last block's output."""
+        L = self.cfg.n_layers
+        return [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [
+            f"blocks.{L - 1}.hook_resid_post"
+        ]
+
+    def read_state(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head on top states h (..., d_model): the logits they give."""
+        raise NotImplementedError
+
+    def read_resid(self, x: torch.Tensor) -> torch.Tensor:
+        """The logit lens: the final norm and the head on residuals x (..., d_model), no hook
+        firing; at depth L this is the model's own output."""
+        raise NotImplementedError
+
     def set_context(self, pass_index: int | None, step: int | None, offset: int) -> None:
         """Record what fires the hooks next, in ``model.context`` and every ``hook.ctx``."""
         self.context = {"pass": pass_index, "step": step, "offset": offset}
@@ -502,6 +519,12 @@ class FBTModel(FeedbackModel):
             cache.k_raw[..., start:, :].copy_(snapshot[2][..., start:, :])
 
     # ---- pieces --------------------------------------------------------------------
+    def read_state(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.W_E.T
+
+    def read_resid(self, x: torch.Tensor) -> torch.Tensor:
+        return RMSNorm.forward(self.ln_final, x) @ self.W_E.T
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, pos) -> e (batch, pos, d_model)."""
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.d_vocab):

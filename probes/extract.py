@@ -92,8 +92,7 @@ def site_hooks(model: FeedbackModel, site: str) -> list[str]:
 
 
 def depth_hooks(model: FeedbackModel) -> list[str]:
-    L = model.cfg.n_layers
-    return [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    return model.depth_hooks()
 
 
 # A forward without gradient holds about 8 bytes per token for every unit of d_model x layers

@@ -1,0 +1,210 @@
+"""``fbt-probe lens``: the logit lens and a tuned lens at every (pass, depth), and the
+fed-back state read through the head, at one position of each prompt (the colon).
+
+The tasks' groups are split in two by the seed: a tuned lens is fitted on the first half's
+prompts (every position after the first, every pass; ``fbt_probe.lens``) and saved in
+``<out>/tuned_lens/``; every measure is taken on the other half. With ``--tuned-lens DIR``
+(a saved one, checked against the model's hash) or ``--no-tuned`` nothing is fitted and every
+example is measured. Writes ``lens.csv`` (one row per task, lens, read, pass, distractor
+count and measure, with 95 % intervals over groups), ``lens.json`` and a heatmap of pass x
+depth per task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
+from probes.extract import _batches, max_batch_tokens, parse_site, site_positions
+from probes.fit import N_BOOT, GroupBootstrap
+from tasks import vocab
+from tasks.base import POOLED
+from tasks.dataset import Dataset
+from tasks.files import atomic_write
+
+COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
+           "n_examples"]  # fmt: skip
+MAX_PASSES = 16
+
+
+def split_groups(ds: Dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, measure) example indices: half the groups each, drawn by ``seed``."""
+    groups = np.unique(ds.group)
+    fit = set(np.random.default_rng(seed).permutation(groups)[: len(groups) // 2].tolist())
+    mask = np.array([g in fit for g in ds.group.tolist()])
+    return np.flatnonzero(mask), np.flatnonzero(~mask)
+
+
+def _padded(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
+    T = int(lengths[idx].max())
+    toks = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
+    for j, i in enumerate(idx):
+        toks[j, : lengths[i]] = torch.from_numpy(ds.token_ids[i][: lengths[i]])
+    return toks.to(device)
+
+
+def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, meta: dict,
+                    batch_size: int, progress=None) -> Translators:  # fmt: skip
+    """Ridge translators from the prompts ``sets`` names ((dataset, example indices)); every
+    prompt position but the first (a model's first position is its own kind of state)."""
+    device = next(model.parameters()).device
+    stats = RidgeStats(len(model.depth_hooks()), model.cfg.d_model)
+    total, done = sum(len(i) for _, i in sets), 0
+    for ds, chosen in sets:
+        lengths = ds.colon_index + 1
+        for part in _batches(lengths[chosen], batch_size, max_batch_tokens(model)):
+            idx = chosen[part]
+            toks = _padded(ds, idx, lengths, device)
+            t = torch.arange(toks.shape[1], device=device)[None]
+            keep = (t >= 1) & (t < torch.as_tensor(lengths[idx], device=device)[:, None])
+            accumulate(model, stats, toks, keep, passes)
+            done += len(idx)
+            if progress is not None:
+                progress(done, total, "tuned lens: fitting")
+    return stats.solve(meta)
+
+
+def measure(model, ds: Dataset, idx: np.ndarray, where: np.ndarray, passes: int,
+            tuned: Translators | None, batch_size: int, progress=None) -> dict[str, LensReads]:  # fmt: skip
+    """Every read of the examples ``idx`` at positions ``where`` (one per example of ``ds``)."""
+    device = next(model.parameters()).device
+    lengths = ds.colon_index + 1
+    parts: dict[str, list] = {}
+    order: list[np.ndarray] = []  # positions in ``idx`` of each batch's examples
+    for part in _batches(lengths[idx], batch_size, max_batch_tokens(model)):
+        b = idx[part]
+        toks = _padded(ds, b, lengths, device)
+        answer = torch.as_tensor([int(ds.token_ids[i][ds.colon_index[i] + 1]) for i in b],
+                                 device=device)  # fmt: skip
+        at = torch.as_tensor(where[b], device=device)
+        for name, r in lens_batch(model, toks, at, answer, passes, tuned).items():
+            parts.setdefault(name, []).append(r)
+        order.append(part)
+        if progress is not None:
+            progress(sum(len(o) for o in order), len(idx), f"{ds.task}: lens")
+    back = np.argsort(np.concatenate(order))  # each example back to its place in ``idx``
+    return {
+        name: LensReads(
+            rs[0].reads,
+            *(np.concatenate([getattr(r, f) for r in rs])[back] for f in ("kl", "prob", "rank")),
+        )  # fmt: skip
+        for name, rs in parts.items()
+    }
+
+
+def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts: np.ndarray,
+              seed: int, n_boot: int = N_BOOT) -> list[dict]:  # fmt: skip
+    """Rows of ``COLUMNS``: per lens, read, pass and distractor count (each, and all pooled),
+    the mean KL, answer probability and top-1 rate with group-bootstrap intervals, and the
+    median rank."""
+    rows = []
+    cells = [(POOLED, np.ones(len(groups), bool))] + [
+        (str(int(c)), counts == c) for c in np.unique(counts)
+    ]
+    for label, mask in cells:
+        boot = GroupBootstrap(groups[mask], seed, n_boot)
+        for name, r in reads.items():
+            for k in range(r.kl.shape[1]):
+                for j, read in enumerate(r.reads):
+                    kl, prob, rank = r.kl[mask, k, j], r.prob[mask, k, j], r.rank[mask, k, j]
+                    if np.isnan(kl).all():
+                        continue  # the fed-back state in pass 1
+                    base = {"task": task, "lens": name, "read": read, "pass": k + 1,
+                            "distractors": label, "n_examples": int(mask.sum())}  # fmt: skip
+                    for metric, v in (("kl", kl), ("answer_prob", prob),
+                                      ("answer_top1", (rank == 0).astype(float))):  # fmt: skip
+                        lo, hi = np.percentile(boot.mean(v), [2.5, 97.5])
+                        rows.append({**base, "metric": metric, "value": float(v.mean()),
+                                     "ci_low": float(lo), "ci_high": float(hi)})  # fmt: skip
+                    rows.append({**base, "metric": "answer_rank", "value": float(np.median(rank)),
+                                 "ci_low": np.nan, "ci_high": np.nan})  # fmt: skip
+    return rows
+
+
+def headline(df: pd.DataFrame, task: str) -> str:
+    """Where the answer first tops the logit lens, and what the fed-back state says of it."""
+    g = df[(df.task == task) & (df.distractors == POOLED) & (df.metric == "answer_top1")
+           & (df.lens == "logit")]  # fmt: skip
+    deep = g[g.read.str.isdigit()].copy()
+    deep["depth"] = deep.read.astype(int)
+    parts = []
+    for k, gk in deep.groupby("pass"):
+        hit = gk[gk.value >= 0.5].sort_values("depth")
+        parts.append(
+            f"pass {k} at depth {int(hit.depth.iloc[0])}" if len(hit) else f"pass {k} never"
+        )
+    fed = g[(g.read == "fed_state")].sort_values("pass")
+    line = f"{task}: the answer tops the logit lens for most examples at " + ", ".join(parts)
+    if len(fed):
+        r = fed.iloc[0]
+        line += (f"; the fed-back state (pass {int(r['pass'])}) puts it on top for "
+                 f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]")  # fmt: skip
+    return line + "."
+
+
+def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "colon",
+         data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
+         tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
+         device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+    """``fbt-probe lens`` (see the module docstring); returns the table and the report's
+    lines. Every argument is checked before any work."""
+    from fbt_probe.checkpoint import model_hash
+    from fbt_probe.device import resolve_device
+    from fbt_probe.registry import resolve_model
+    from probes.lens_plot import plot_lens
+    from probes.run import load_or_generate, tasks_and_data
+    from tasks.files import check_output_dir
+
+    out = Path(out)
+    if not 1 <= passes <= MAX_PASSES:
+        raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
+    if batch_size < 1:
+        raise ValueError("--batch-size must be at least 1")
+    parse_site(f"resid@{position}")
+    check_output_dir(out)
+    task_list, data_map = tasks_and_data(task, data)
+    m, name = resolve_model(model, resolve_device(device))
+    m.eval()
+    mhash = model_hash(m)
+    loaded = Translators.load(tuned_lens, m, mhash) if tuned_lens is not None else None
+    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m) for t in task_list}
+    where = {t: site_positions(ds, f"resid@{position}") for t, ds in datasets.items()}
+    fitting = tuned and loaded is None
+    split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
+             for t, ds in datasets.items()}  # fmt: skip
+    translators = loaded
+    if fitting:
+        meta = {"model": name, "model_hash": mhash, "passes": passes, "seed": seed,
+                "fitted_on": {t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
+                              for t, ds in datasets.items()}}  # fmt: skip
+        translators = fit_translators(m, [(ds, split[t][0]) for t, ds in datasets.items()],
+                                      passes, meta, batch_size, progress)  # fmt: skip
+    rows, lines = [], []
+    for t, ds in datasets.items():
+        idx = split[t][1]
+        reads = measure(m, ds, idx, where[t], passes, translators if tuned else None,
+                        batch_size, progress)  # fmt: skip
+        rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], seed)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    out.mkdir(parents=True, exist_ok=True)
+    if fitting:
+        translators.save(out / "tuned_lens")
+    atomic_write(out / "lens.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    doc = {"model": name, "model_hash": mhash, "passes": passes, "position": position,
+           "seed": seed, "tuned_lens": None if translators is None else translators.meta,
+           "datasets": {t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
+                        for t, ds in datasets.items()}}  # fmt: skip
+    atomic_write(
+        out / "lens.json", lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n")
+    )
+    for t in datasets:
+        plot_lens(df, t, out / "figures")
+        lines.append(headline(df, t))
+    lines.append(f"wrote {out / 'lens.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
+                 + (f"; the tuned lens in {out / 'tuned_lens'}" if fitting else ""))  # fmt: skip
+    return df, lines
