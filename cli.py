@@ -105,6 +105,8 @@ SET = typer.Option(None, "--set", help="Change one setting; dotted keys reach in
                    "phases: --set steps=500 --set optim.lr=1e-3 --set schedule.2.n_max=64.")  # fmt: skip
 INIT_FROM = typer.Option(None, "--init-from", help="Start from this model folder (a Hugging "
                          "Face folder is upcycled with its own architecture; docs/hf.md).")  # fmt: skip
+DATA = typer.Option(None, "--data", help="A dataset file (its task is used); default "
+                    "data/<task>.parquet, generated if absent.")  # fmt: skip
 MAX_MINUTES = typer.Option(0.0, "--max-minutes", min=0.0, help="Stop after this much wall time "
                            "with a checkpoint (0 = no limit); --resume continues.")  # fmt: skip
 
@@ -164,10 +166,7 @@ def train(
     if seeds is not None:
         moved("--seeds", f"fbt-probe seeds run --seeds {seeds} ...")
     if show or dry_run or world_size is not None:
-        moved(
-            "--show, --dry-run and --world-size",
-            "fbt-probe recipe [NAME] [--cost] [--world-size N]",
-        )
+        moved("--show, --dry-run and --world-size", "fbt-probe recipe [NAME] [--cost] [--world-size N]")  # fmt: skip
     from fbt_probe.train import train_recipe
 
     metrics, out, cfg = train_recipe(config=config, overrides=overrides, out=out,
@@ -282,7 +281,6 @@ def eval_(
     """Answer accuracy on held-out data per task x decoding mode x distractor count.
 
     Library: fbt_probe.evaluate.evaluate_model."""
-    import json
 
     from fbt_probe.evaluate import evaluate_model, format_eval
 
@@ -301,8 +299,7 @@ def fit(
     prefill: str = typer.Option("all", "--prefill", "-p", help=PREFILL_HELP),
     task: str = TASKS,
     model: str = MODEL,
-    data: Path = typer.Option(None, "--data", help="A dataset file (its task is used); default "
-                              "data/<task>.parquet, generated if absent."),
+    data: Path = DATA,
     out: Path = typer.Option(Path("results"), "--out", "-o", help="Results folder."),
     passes: int = typer.Option(None, "--passes", help="Also probe k-step Jacobi prefill (pass k)."),
     seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and control seed."),
@@ -366,7 +363,7 @@ def intervene(
 
     Library: probes.intervene.intervene."""
     from probes.intervene import intervene as run_intervene
-    from probes.report import headline
+    from probes.report import headlines
 
     with eager("intervene", 1) as bar:
         done = run_intervene(task=task, prefill=prefill, model=model, data=data, out=out,
@@ -379,12 +376,8 @@ def intervene(
     typer.echo(
         f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
     )
-    runs = json.loads((out / "interventions.json").read_text())["runs"]
-    clean = {(r["task"], r["prefill"]): r.get("clean_accuracy") for r in runs}
-    for t, p in plan:
-        line = headline(df, t, p, clean.get((t, p)))
-        if line:
-            typer.echo(line)
+    for line in headlines(df, plan, out):
+        typer.echo(line)
 
 
 @app.command()
@@ -429,25 +422,20 @@ def reproduce(
 def lens(
     model: str = MODEL,
     task: str = TASKS,
-    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes read (1..16); the "
-                               "final distribution is the last pass's output."),
+    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes read (1..16)."),
     position: str = typer.Option("colon", "--position", help="Where each prompt is read: colon, "
                                  "colon-K, or a position the task declares (delayed_memory: bit)."),
-    data: Path = typer.Option(None, "--data", help="A dataset file (its task is used); default "
-                              "data/<task>.parquet, generated if absent."),
+    data: Path = DATA,
     out: Path = typer.Option(Path("results/lens"), "--out", "-o", help="Output folder."),
-    tuned: bool = typer.Option(True, "--tuned/--no-tuned", help="Also read through a tuned lens "
-                               "(fitted on half the groups and saved in OUT/tuned_lens, unless "
-                               "--tuned-lens names one)."),
-    tuned_lens: Path = typer.Option(None, "--tuned-lens", help="A saved tuned lens folder (fitted "
-                                    "on this model) instead of fitting one."),
+    tuned: bool = typer.Option(True, "--tuned/--no-tuned", help="Also fit a tuned lens on half the "
+                               "groups (saved in OUT/tuned_lens)."),
+    tuned_lens: Path = typer.Option(None, "--tuned-lens", help="Read through this saved tuned lens instead."),
     seed: int = typer.Option(0, "--seed", help="Which groups fit the tuned lens; bootstrap seed."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
     device: str = DEVICE,
 ) -> None:  # fmt: skip
-    """What does each (pass, depth) already say? The logit lens and a tuned lens at the colon,
-    and the fed-back state read through the head: KL to the final distribution and the
-    answer's probability and rank, by task and distractor count; a CSV and heatmaps.
+    """What does each (pass, depth) say? The logit and tuned lenses at the colon and the fed-back
+    state through the head: KL to the last pass's output, the answer's probability and rank.
 
     Library: probes.lens_run.lens."""
     from probes.lens_run import lens as run_lens
@@ -456,8 +444,7 @@ def lens(
         _, lines = run_lens(model=model, task=task, passes=passes, position=position, data=data,
                             out=out, tuned=tuned, tuned_lens=tuned_lens, seed=seed,
                             batch_size=batch_size, device=device, progress=bar)  # fmt: skip
-    for line in lines:
-        typer.echo(line)
+    typer.echo("\n".join(lines))
 
 
 @app.command()

@@ -147,6 +147,23 @@ def headline(df: pd.DataFrame, task: str) -> str:
     return line + "."
 
 
+def _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size, progress):
+    meta = {"model": name, "model_hash": mhash, "passes": passes, "seed": seed,
+            "fitted_on": {t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
+                          for t, ds in datasets.items()}}  # fmt: skip
+    return fit_translators(m, [(ds, split[t][0]) for t, ds in datasets.items()], passes, meta,
+                           batch_size, progress)  # fmt: skip
+
+
+def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if fitted is not None:
+        fitted.save(out / "tuned_lens")
+    atomic_write(out / "lens.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    text = json.dumps(doc, indent=1) + "\n"
+    atomic_write(out / "lens.json", lambda tmp: Path(tmp).write_text(text))
+
+
 def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "colon",
          data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
          tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
@@ -177,13 +194,10 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
     fitting = tuned and loaded is None
     split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
              for t, ds in datasets.items()}  # fmt: skip
-    translators = loaded
+    translators = loaded if tuned else None
     if fitting:
-        meta = {"model": name, "model_hash": mhash, "passes": passes, "seed": seed,
-                "fitted_on": {t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
-                              for t, ds in datasets.items()}}  # fmt: skip
-        translators = fit_translators(m, [(ds, split[t][0]) for t, ds in datasets.items()],
-                                      passes, meta, batch_size, progress)  # fmt: skip
+        translators = _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size,
+                                     progress)  # fmt: skip
     rows, lines = [], []
     for t, ds in datasets.items():
         idx = split[t][1]
@@ -191,17 +205,11 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
                         batch_size, progress)  # fmt: skip
         rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], seed)
     df = pd.DataFrame(rows, columns=COLUMNS)
-    out.mkdir(parents=True, exist_ok=True)
-    if fitting:
-        translators.save(out / "tuned_lens")
-    atomic_write(out / "lens.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     doc = {"model": name, "model_hash": mhash, "passes": passes, "position": position,
            "seed": seed, "tuned_lens": None if translators is None else translators.meta,
            "datasets": {t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
                         for t, ds in datasets.items()}}  # fmt: skip
-    atomic_write(
-        out / "lens.json", lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n")
-    )
+    _write(out, df, doc, translators if fitting else None)
     for t in datasets:
         plot_lens(df, t, out / "figures")
         lines.append(headline(df, t))

@@ -115,6 +115,14 @@ def headline(df: pd.DataFrame, task: str, prefill: str, clean_accuracy: float | 
     )
 
 
+def headlines(df: pd.DataFrame, plan, out: Path) -> list[str]:
+    """``headline`` of each (task, prefill) of ``plan`` that has one, read against the clean
+    accuracy the run in ``out`` measured (its ``interventions.json``)."""
+    runs = json.loads((Path(out) / "interventions.json").read_text())["runs"]
+    clean = {(r["task"], r["prefill"]): r.get("clean_accuracy") for r in runs}
+    return [line for t, p in plan if (line := headline(df, t, p, clean.get((t, p))))]
+
+
 def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
     """Per task, prefill and depth of the colon: the probe's accuracy beside the answer
     accuracy after LEACE erases the probe's concept there (and a random subspace)."""
