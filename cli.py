@@ -423,8 +423,8 @@ def lens(
     model: str = MODEL,
     task: str = TASKS,
     passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes read (1..16)."),
-    position: str = typer.Option("colon", "--position", help="Where each prompt is read: colon, "
-                                 "colon-K, or a position the task declares (delayed_memory: bit)."),
+    position: str = typer.Option("answer", "--position", help="Where each prompt is read: answer "
+                                 "(whose next token is the answer), colon, colon-K, or a declared one."),
     data: Path = DATA,
     out: Path = typer.Option(Path("results/lens"), "--out", "-o", help="Output folder."),
     tuned: bool = typer.Option(True, "--tuned/--no-tuned", help="Also fit a tuned lens on half the "

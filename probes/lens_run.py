@@ -1,5 +1,7 @@
 """``fbt-probe lens``: the logit lens and a tuned lens at every (pass, depth), and the
-fed-back state read through the head, at one position of each prompt (the colon).
+fed-back state read through the head, at one position of each prompt: by default the one
+whose next token is the answer (the first label's first token; the colon of delayed_memory
+and done_tracking).
 
 The tasks' groups are split in two by the seed: a tuned lens is fitted on the first half's
 prompts (every position after the first, every pass; ``fbt_probe.lens``) and saved in
@@ -40,6 +42,24 @@ def split_groups(ds: Dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(mask), np.flatnonzero(~mask)
 
 
+def answer_positions(ds: Dataset, model, position: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: where it is read and the answer token scored there, the first label's
+    first token. ``position`` 'answer' reads where that token is next (the colon of
+    delayed_memory and done_tracking; the first register's name after multi_register's
+    colon); otherwise a site position (``colon``, ``colon-K``, a declared one)."""
+    enc = getattr(model, "encoding", None)
+    first = (lambda w: enc.first_token(w)) if enc is not None else (lambda w: vocab.encode([w])[0])
+    at, answer = np.zeros(len(ds), np.int64), np.zeros(len(ds), np.int64)
+    for i, (ids, labels, c) in enumerate(zip(ds.token_ids, ds.labels, ds.colon_index, strict=True)):
+        hits = np.flatnonzero(np.asarray(ids[c + 1 :]) == first(labels[0]))
+        if not len(hits):
+            raise ValueError(f"row {i}: its first label {labels[0]!r} is not after its colon")
+        answer[i], at[i] = first(labels[0]), c + int(hits[0])
+    if position != "answer":
+        at = site_positions(ds, f"resid@{position}")
+    return at, answer
+
+
 def _padded(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
     T = int(lengths[idx].max())
     toks = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
@@ -69,19 +89,18 @@ def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, 
     return stats.solve(meta)
 
 
-def measure(model, ds: Dataset, idx: np.ndarray, where: np.ndarray, passes: int,
+def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.ndarray], passes: int,
             tuned: Translators | None, batch_size: int, progress=None) -> dict[str, LensReads]:  # fmt: skip
-    """Every read of the examples ``idx`` at positions ``where`` (one per example of ``ds``)."""
+    """Every read of the examples ``idx`` at ``where`` (positions and answer ids, one each per
+    example of ``ds``)."""
     device = next(model.parameters()).device
-    lengths = ds.colon_index + 1
+    lengths = np.maximum(ds.colon_index, where[0]) + 1
     parts: dict[str, list] = {}
     order: list[np.ndarray] = []  # positions in ``idx`` of each batch's examples
     for part in _batches(lengths[idx], batch_size, max_batch_tokens(model)):
         b = idx[part]
         toks = _padded(ds, b, lengths, device)
-        answer = torch.as_tensor([int(ds.token_ids[i][ds.colon_index[i] + 1]) for i in b],
-                                 device=device)  # fmt: skip
-        at = torch.as_tensor(where[b], device=device)
+        at, answer = (torch.as_tensor(w[b], device=device) for w in where)
         for name, r in lens_batch(model, toks, at, answer, passes, tuned).items():
             parts.setdefault(name, []).append(r)
         order.append(part)
@@ -127,23 +146,26 @@ def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts
 
 
 def headline(df: pd.DataFrame, task: str) -> str:
-    """Where the answer first tops the logit lens, and what the fed-back state says of it."""
-    g = df[(df.task == task) & (df.distractors == POOLED) & (df.metric == "answer_top1")
-           & (df.lens == "logit")]  # fmt: skip
-    deep = g[g.read.str.isdigit()].copy()
-    deep["depth"] = deep.read.astype(int)
+    """Per pass, the first depth whose logit lens puts the answer on top for most examples;
+    the tuned lens at depth 0 (the fed-back input, from pass 2 on); the fed-back state's
+    median rank of the answer."""
+    g = df[(df.task == task) & (df.distractors == POOLED)]
+    top = g[(g.metric == "answer_top1") & g.read.str.isdigit()].copy()
+    top["depth"] = top.read.astype(int)
     parts = []
-    for k, gk in deep.groupby("pass"):
-        hit = gk[gk.value >= 0.5].sort_values("depth")
-        parts.append(
-            f"pass {k} at depth {int(hit.depth.iloc[0])}" if len(hit) else f"pass {k} never"
+    for k, gk in top[top.lens == "logit"].groupby("pass"):
+        hit = gk[gk.value > 0.5].sort_values("depth")
+        parts.append(f"{int(hit.depth.iloc[0]) if len(hit) else 'none'} in pass {k}")
+    line = f"{task}: the answer first tops the logit lens at depth " + ", ".join(parts)
+    d0 = top[(top.lens == "tuned") & (top.depth == 0)].sort_values("pass")
+    if len(d0):
+        line += "; the tuned lens reads it at depth 0 for " + ", ".join(
+            f"{r.value:.3f} in pass {r['pass']}" for _, r in d0.iterrows()
         )
-    fed = g[(g.read == "fed_state")].sort_values("pass")
-    line = f"{task}: the answer tops the logit lens for most examples at " + ", ".join(parts)
+    fed = g[(g.read == "fed_state") & (g.metric == "answer_rank") & (g.lens == "logit")]
     if len(fed):
-        r = fed.iloc[0]
-        line += (f"; the fed-back state (pass {int(r['pass'])}) puts it on top for "
-                 f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]")  # fmt: skip
+        r = fed.sort_values("pass").iloc[0]
+        line += f"; the fed-back state ranks it {r.value:.0f} (median, pass {r['pass']})"
     return line + "."
 
 
@@ -164,7 +186,7 @@ def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -
     atomic_write(out / "lens.json", lambda tmp: Path(tmp).write_text(text))
 
 
-def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "colon",
+def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "answer",
          data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
          tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
          device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
@@ -182,7 +204,8 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
         raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
     if batch_size < 1:
         raise ValueError("--batch-size must be at least 1")
-    parse_site(f"resid@{position}")
+    if position != "answer":
+        parse_site(f"resid@{position}")
     check_output_dir(out)
     task_list, data_map = tasks_and_data(task, data)
     m, name = resolve_model(model, resolve_device(device))
@@ -190,7 +213,7 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
     mhash = model_hash(m)
     loaded = Translators.load(tuned_lens, m, mhash) if tuned_lens is not None else None
     datasets = {t: load_or_generate(t, (data_map or {}).get(t), m) for t in task_list}
-    where = {t: site_positions(ds, f"resid@{position}") for t, ds in datasets.items()}
+    where = {t: answer_positions(ds, m, position) for t, ds in datasets.items()}
     fitting = tuned and loaded is None
     split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
              for t, ds in datasets.items()}  # fmt: skip

@@ -163,3 +163,19 @@ def test_lens_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert r.output.strip().splitlines()[0].startswith(message)
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "l" / "lens.csv").exists()
+
+
+@pytest.mark.parametrize("task,offset", [("delayed_memory", 0), ("done_tracking", 0),
+                                         ("multi_register", 1)])  # fmt: skip
+def test_the_lens_reads_where_the_answer_is_next(default_model, tmp_path, task, offset):
+    from probes.lens_run import answer_positions
+    from tasks import vocab
+    from tasks.dataset import load
+
+    ds = load(generate_dataset(task, tmp_path / "d.parquet", n_groups=4, distractors=(2,), seed=1))
+    at, answer = answer_positions(ds, default_model, "answer")
+    assert (at == ds.colon_index + offset).all()
+    for i in range(len(ds)):
+        assert ds.token_ids[i][at[i] + 1] == answer[i] == vocab.encode([ds.labels[i][0]])[0]
+    at, _ = answer_positions(ds, default_model, "colon-1")
+    assert (at == ds.colon_index - 1).all()
