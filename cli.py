@@ -449,6 +449,30 @@ def lens(
 
 @app.command()
 @user_errors
+def trajectory(
+    model: str = MODEL,
+    task: str = TASKS,
+    passes: int = typer.Option(8, "--passes", "-k", help="Jacobi passes (2..64); distances are to the last."),
+    data: Path = DATA,
+    out: Path = typer.Option(Path("results/trajectory"), "--out", "-o", help="Output folder."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    device: str = DEVICE,
+) -> None:  # fmt: skip
+    """How do the states move over passes? Distance to the last pass by position, the answer
+    position's states on two principal components, answer flips by count, the fusion's gate.
+
+    Library: probes.trajectory_run.trajectory."""
+    from probes.trajectory_run import trajectory as run
+
+    with eager("trajectory", 1) as bar:
+        _, lines = run(model=model, task=task, passes=passes, data=data, out=out, seed=seed,
+                       batch_size=batch_size, device=device, progress=bar)  # fmt: skip
+    typer.echo("\n".join(lines))
+
+
+@app.command()
+@user_errors
 def stability(
     model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
                                     "folder; repeat to compare models in one figure."),

@@ -10,7 +10,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("fbt_probe", "probes", "tasks", "cli.py")
 MAX_FUNCTION_LINES = 60  # decorators and docstring included
-MAX_CLI_LINES = 500
+# the CLI grows by one thin command per verb (the anatomy verbs lens, trajectory, patch and
+# heads took it past the 500 lines of 13 verbs); what keeps it thin is that each command's
+# code after its docstring only parses, calls one library function and prints
+MAX_CLI_LINES = 600
+MAX_COMMAND_BODY = 20
 
 
 def _python_files(*roots: str) -> list[Path]:
@@ -44,8 +48,20 @@ def test_no_library_function_is_longer_than_60_lines():
 
 
 def test_the_cli_is_thin():
-    lines = (ROOT / "cli.py").read_text().count("\n")
+    text = (ROOT / "cli.py").read_text()
+    lines = text.count("\n")
     assert lines <= MAX_CLI_LINES, f"cli.py has {lines} lines"
+    bodies = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "command"
+            for d in node.decorator_list
+        ):
+            body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+            bodies[node.name] = body[-1].end_lineno - body[0].lineno + 1
+    assert len(bodies) >= 13  # the walk found the commands
+    fat = {k: n for k, n in bodies.items() if n > MAX_COMMAND_BODY}
+    assert not fat, f"commands whose code passes {MAX_COMMAND_BODY} lines: {fat}"
 
 
 def test_nothing_edits_sys_path_and_research_imports_the_package():
