@@ -161,12 +161,27 @@ class LensReads:
     rank: np.ndarray
 
 
-def _score(logits: torch.Tensor, ref_logp: torch.Tensor, answer: torch.Tensor):
-    logp = logits.float().log_softmax(-1)
-    kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
-    a = logp.gather(1, answer[:, None])[:, 0]
-    rank = (logp > a[:, None]).sum(-1)
-    return kl, a.exp(), rank
+# logits scored at once: a large vocabulary's reads go through the head in chunks of this
+# many floats, so one matmul serves many reads (a batch's reads one by one are small matmuls)
+CHUNK_LOGITS = 2**24
+
+
+def _score(read, x: torch.Tensor, ref_logp: torch.Tensor, answer: torch.Tensor):
+    """x (n_reads * batch, d): read i * batch + j belongs to example j. Each row goes through
+    ``read`` (the head) and is scored against that example's final log-probabilities: KL to
+    them, the answer's probability and its rank. Returns three (n_reads, batch) arrays."""
+    B, V = ref_logp.shape
+    step = max(1, CHUNK_LOGITS // V)
+    kl, prob, rank = [], [], []
+    for r0 in range(0, len(x), step):
+        rows = torch.arange(r0, min(r0 + step, len(x)), device=x.device) % B
+        logp = read(x[r0 : r0 + step]).float().log_softmax(-1)
+        ref = ref_logp[rows]
+        kl.append((ref.exp() * (ref - logp)).sum(-1))
+        a = logp.gather(1, answer[rows][:, None])[:, 0]
+        prob.append(a.exp())
+        rank.append((logp > a[:, None]).sum(-1))
+    return [torch.cat(v).view(-1, B).cpu().numpy() for v in (kl, prob, rank)]
 
 
 @torch.no_grad()
@@ -185,17 +200,17 @@ def lens_batch(model: FeedbackModel, tokens: torch.Tensor, at: torch.Tensor, ans
     shape = (len(at), passes, len(reads))
     res = {k: [np.full(shape, np.nan) for _ in range(3)] for k in lenses}
     for k, cache in enumerate(caches):
-        if fed_hook in cache:
+        if fed_hook in cache:  # the fed-back state's reads are the same for both lenses
             h = cache[fed_hook]
-            fed = [model.read_state(h), model.read_resid(h @ model.fusion.W_U.T)]
-            for name in lenses:  # the fed-back state's reads are the same for both lenses
-                for j, lg in enumerate(fed):
-                    for m, v in zip(res[name], _score(lg, ref, answer), strict=True):
-                        m[:, k, j] = v.cpu().numpy()
-        for d, hname in enumerate(hooks):
-            x = cache[hname]
-            for name, tr in lenses.items():
-                lg = model.read_resid(x if tr is None else tr.apply(d, x))
-                for m, v in zip(res[name], _score(lg, ref, answer), strict=True):
-                    m[:, k, 2 + d] = v.cpu().numpy()
+            state = _score(model.read_state, h, ref, answer)
+            value = _score(model.read_resid, h @ model.fusion.W_U.T, ref, answer)
+            for arrs in res.values():
+                for m, v, w in zip(arrs, state, value, strict=True):
+                    m[:, k, 0], m[:, k, 1] = v[0], w[0]
+        xs = torch.stack([cache[h] for h in hooks])  # (depths, batch, d_model)
+        for name, tr in lenses.items():
+            x = xs if tr is None else torch.baddbmm(tr.b.to(xs)[:, None], xs, tr.A.to(xs))
+            got = _score(model.read_resid, x.reshape(-1, xs.shape[-1]), ref, answer)
+            for m, v in zip(res[name], got, strict=True):
+                m[:, k, 2:] = v.T
     return {name: LensReads(reads, *arrs) for name, arrs in res.items()}

@@ -195,6 +195,27 @@ def report_header(meta: dict, df: pd.DataFrame) -> list[str]:
     ]  # fmt: skip
 
 
+def anatomy_section(res: Path, rel) -> list[str]:
+    """The lens's and the trajectory's summary lines and figures, where ``res`` holds their
+    folders (``lens/``, ``trajectory/``; docs/anatomy.md explains each measure)."""
+    from probes.lens_run import headline as lens_line
+    from probes.trajectory_run import headline as trajectory_line
+
+    parts = []
+    for folder, stem, line, what in (
+        ("lens", "lens", lens_line, "What each (pass, depth) predicts (`fbt-probe lens`)"),
+        ("trajectory", "trajectory", trajectory_line, "How the states move over passes (`fbt-probe trajectory`)"),
+    ):  # fmt: skip
+        csv = res / folder / f"{stem}.csv"
+        if not csv.is_file():
+            continue
+        df = pd.read_csv(csv, dtype={"read": str, "distractors": str})
+        parts += [f"## {what}", ""] + [f"- {line(df, t)}" for t in dict.fromkeys(df.task)] + [""]
+        for png in sorted((res / folder / "figures").glob("*.png")):
+            parts += [f"![{png.stem}]({rel(png)})", ""]
+    return parts
+
+
 def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
     """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
     res = Path(results)
@@ -226,6 +247,7 @@ def write_report(results: str | Path, figures: str | Path | None = None) -> Path
         ivfigs = res / "interventions" / "figures"
         for png in sorted(ivfigs.glob("*.png")) if ivfigs.is_dir() else []:
             parts += [f"![{png.stem}]({rel(png)})", ""]
+    parts += anatomy_section(res, rel)
     if figs.is_dir():
         parts += ["## Figures", ""]
         for png in sorted(figs.glob("*.png")):

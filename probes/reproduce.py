@@ -1,6 +1,6 @@
 """``fbt-probe reproduce``: the whole job on the built-in default model, optionally retrained
 first: fit (every task, prefill and control) -> plot -> a default intervention battery ->
-report."""
+lens and trajectory on delayed_memory -> report."""
 
 from __future__ import annotations
 
@@ -43,10 +43,12 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     from fbt_probe.registry import resolve_model
     from probes.intervene import run_intervene
     from probes.intervene_plot import plot_interventions
+    from probes.lens_run import lens as run_lens
     from probes.plot import plot_all
     from probes.report import headline, write_report
     from probes.results import format_layer0, layer0_table
     from probes.run import run_fit
+    from probes.trajectory_run import trajectory as run_trajectory
     from tasks.files import check_output_dir
 
     out = Path(out)
@@ -62,9 +64,14 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
         iv = run_intervene(model, name, list(BATTERY), out / "interventions", probes_dir=out,
                            progress=bar)  # fmt: skip
     plot_interventions(iv, out / "interventions" / "figures")
+    anatomy = []
+    for label, run in (("lens", run_lens), ("trajectory", run_trajectory)):
+        with bars(label, 1) if bars else nullcontext() as bar:
+            anatomy += run(task="delayed_memory", out=out / label, progress=bar)[1][:-1]
     report = write_report(out)
     lines = [format_layer0(layer0_table(df)), "", "Decodable vs used (fbt-probe intervene):"]
     lines += [f"  {headline(iv, t, p)}" for t, p in BATTERY]
+    lines += ["", "Feedback anatomy (fbt-probe lens, trajectory):"] + [f"  {a}" for a in anatomy]
     lines += ["", f"wrote {out / 'probe_results.csv'}, {out / 'interventions' / 'interventions.csv'}, "
               f"figures in {out / 'figures'}, report {report} ({time.monotonic() - t0:.0f} s)"]  # fmt: skip
     return lines

@@ -128,6 +128,12 @@ def test_lens_command_on_the_default_model(tmp_path):
     assert (out / "figures" / "lens_delayed_memory.png").stat().st_size > 0
     assert (out / "tuned_lens" / "translators.safetensors").is_file()
     assert "tops the logit lens" in r.output
+    from probes.report import anatomy_section
+
+    section = anatomy_section(tmp_path, lambda p: p.relative_to(tmp_path))
+    assert section[0].startswith("## What each (pass, depth) predicts")
+    assert any(line.startswith("- delayed_memory: the answer first tops") for line in section)
+    assert "![lens_delayed_memory](lens/figures/lens_delayed_memory.png)" in section
     # the saved lens is read back instead of fitted: every example is measured
     r = CliRunner().invoke(app, ["lens", "--data", str(data), "--out", str(tmp_path / "again"),
                                  "--tuned-lens", str(out / "tuned_lens")])  # fmt: skip
