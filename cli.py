@@ -473,6 +473,37 @@ def trajectory(
 
 @app.command()
 @user_errors
+def patch(
+    model: str = MODEL,
+    task: str = typer.Option("delayed_memory", "--task", "-t", help="One task."),
+    prefill: str = typer.Option("recurrent", "--prefill", "-p", help="standard, recurrent or k<N>: "
+                                "patches act on its last pass."),
+    kinds: str = typer.Option("resid,head,path", "--kinds", help="resid (depth x position), head "
+                              "(each head's output), path (the fed-back state into one block-0 "
+                              "head's q, k or v), comma-separated."),
+    depths: str = typer.Option(None, "--depths", help="The residual's depths: 'all' or a list "
+                               "(default: 5 evenly spaced, every one of the built-in model)."),
+    data: Path = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet)."),
+    out: Path = typer.Option(Path("results/patch"), "--out", "-o", help="Output folder."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    device: str = DEVICE,
+) -> None:  # fmt: skip
+    """Where does the label's difference live? Patch the twin's residual, heads or the fed-back
+    state into block 0's q/k/v, one at a time: normalised logit difference with intervals.
+
+    Library: probes.patch_run.patch."""
+    from probes.patch_run import patch as run
+
+    with eager("patch", 1) as bar:
+        _, lines = run(model=model, task=task, prefill=prefill, kinds=kinds, depths=depths,
+                       data=data, out=out, seed=seed, batch_size=batch_size, device=device,
+                       progress=bar)  # fmt: skip
+    typer.echo("\n".join(lines))
+
+
+@app.command()
+@user_errors
 def stability(
     model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
                                     "folder; repeat to compare models in one figure."),

@@ -155,8 +155,10 @@ def headline(df: pd.DataFrame, task: str) -> str:
     parts = []
     for k, gk in top[top.lens == "logit"].groupby("pass"):
         hit = gk[gk.value > 0.5].sort_values("depth")
-        parts.append(f"{int(hit.depth.iloc[0]) if len(hit) else 'none'} in pass {k}")
-    line = f"{task}: the answer first tops the logit lens at depth " + ", ".join(parts)
+        parts.append(
+            f"depth {int(hit.depth.iloc[0])} in pass {k}" if len(hit) else f"no depth of pass {k}"
+        )
+    line = f"{task}: the answer first tops the logit lens at " + ", ".join(parts)
     d0 = top[(top.lens == "tuned") & (top.depth == 0)].sort_values("pass")
     if len(d0):
         line += "; the tuned lens reads it at depth 0 for " + ", ".join(

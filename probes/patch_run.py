@@ -1,0 +1,210 @@
+"""``fbt-probe patch``: activation patching between each example and its counterfactual twin,
+in the last pass of a Jacobi prefill (the pass whose answer is read).
+
+Each patch runs the clean example with one activation taken from its twin's run, and scores
+the answer with the normalised logit difference of ``fbt-probe intervene`` (1: the clean
+run's, 0: the twin's own run's), with 95 % intervals over groups. Three kinds:
+
+- ``resid``: the residual at one depth (0: block 0's input, the fused feedback from pass 2
+  on) and one position: the label-bearing token (``label``), a position counted back from
+  the answer (``answer-K``), or every position (``all``);
+- ``head``: one attention head's output (``hook_z``) at every position, layer by layer;
+- ``path``: the fed-back state into one block-0 head's queries, keys or values only: that
+  head's q (k, v) as they are when the twin's fed-back states enter the fusion, everything
+  else clean. It says which heads read the feedback; with no feedback (standard prefill, or
+  a model whose fusion is ``none``) it changes nothing.
+
+A patch at depth d re-runs only the blocks from d up (on a model that can skip layers) and the
+positions from the first patched one on. Only twins that line up with their example position
+by position are patched. Writes ``patch.csv`` (the columns of ``interventions.csv``),
+``patch.json`` and one heatmap per kind and task.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.model import FeedbackModel
+from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
+from fbt_probe.prefill import Prefill, parse_prefill
+from probes.intervene import (
+    CLEAN,
+    TWIN,
+    Key,
+    Record,
+    _answer_logits,
+    pick_depths,
+    reference,
+    summarise,
+)
+from probes.twins import PairBatch, batches, pairs_of
+from tasks.files import atomic_write
+
+KINDS = ("resid", "head", "path")
+BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
+
+
+def twin_acts(model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str]):
+    """The twins' run: their last pass's output and the activations ``names`` (every
+    position) of that pass."""
+    out, caches = model.run_with_pass_caches(b.twin_tokens, passes=pf.passes, names_filter=names,
+                                             last_only=True)  # fmt: skip
+    return out.passes[-1], caches[-1]
+
+
+def head_hook(head: int, mask: torch.Tensor, values: torch.Tensor):
+    """A hook on a (batch, pos, head, d_head) activation: ``head``'s slice replaced by
+    ``values``' where ``mask`` (batch, pos) is true; every other head untouched."""
+
+    def hook(x, hook):
+        off, n = int(hook.ctx.get("offset", 0)), x.shape[1]
+        m = mask[:, off : off + n, None]
+        y = x.clone()
+        y[:, :, head] = torch.where(m, values[:, off : off + n, head].to(x.dtype), x[:, :, head])
+        return y
+
+    return hook
+
+
+def resid_columns(b: PairBatch) -> dict[str, torch.Tensor]:
+    """Per column of the (depth, position) map, the (batch, pos) positions it patches."""
+    t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
+    cols = {"label": t == b.label_pos[:, None]}
+    for k in range(BACK):
+        cols[f"answer-{k}"] = t == (b.answer - k)[:, None]
+    cols["all"] = t <= b.answer[:, None]
+    return cols
+
+
+def _start(mask: torch.Tensor) -> int:
+    return int(mask.float().argmax(1).min())
+
+
+def _layer_from(model, depth: int) -> int:
+    """The first block a patch at ``depth`` must re-run (0 where the stack runs whole)."""
+    if not model.skips_layers:
+        return 0
+    return min(depth, model.cfg.n_layers - 1)
+
+
+def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at) -> int:
+    """Every patch of ``kinds`` on one batch (residuals at the depths ``at``), into ``rec``;
+    returns the number of runs."""
+    L, H = model.cfg.n_layers, getattr(model.cfg, "n_heads", 0)  # heads: the built-in model only
+    depth, z = model.depth_hooks(), [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
+    names = depth + (z if "head" in kinds else []) + ([STATE_HOOK] if "path" in kinds else [])
+    b.clean = clean_run(model, b.tokens, pf)
+    twin_out, acts = twin_acts(model, b, pf, names)
+    rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
+    rec.put(TWIN, b.idx, _answer_logits(twin_out, b, 0, twin=True), pairs)
+    runs = []  # (key, start, hooks, from_layer)
+    if "resid" in kinds:
+        for d in at:
+            name = depth[d]
+            for col, mask in resid_columns(b).items():
+                runs.append((Key("patch_resid", name, col), _start(mask),
+                             [(name, replace_where(mask, acts[name]))], _layer_from(model, d)))  # fmt: skip
+    t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
+    after = resid_columns(b)["all"] & (t >= b.label_pos[:, None])
+    if "head" in kinds:
+        for layer, name in enumerate(z):
+            for h in range(H):
+                runs.append((Key("patch_head", name, f"head {h}"), _start(after),
+                             [(name, head_hook(h, after, acts[name]))], _layer_from(model, layer)))  # fmt: skip
+    if "path" in kinds:
+        fed = acts[STATE_HOOK] if STATE_HOOK in acts else None  # none in a plain pass
+        swapped = state_swapped_qkv(model, b, fed, qkv, after)
+        for name in qkv:
+            for h in range(H):
+                runs.append((Key("patch_path", name, f"head {h}"), _start(after),
+                             [(name, head_hook(h, after, swapped[name]))], 0))  # fmt: skip
+    for key, start, hooks, layer in runs:
+        out = patched_output(model, b.clean, start, hooks, None, layer)
+        rec.put(key, b.idx, _answer_logits(out, b, start), pairs)
+    b.clean = None
+    return len(runs)
+
+
+def state_swapped_qkv(model, b: PairBatch, twin_fed, names, after) -> dict[str, torch.Tensor]:
+    """Block 0's q, k and v (batch, pos, head, d_head) when the twin's fed-back states enter
+    the fusion of the clean example (its own where there is no fed-back state)."""
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(x, hook):
+        got[hook.name] = x
+
+    hooks = [(n, keep) for n in names]
+    start = _start(after)
+    if twin_fed is not None:
+        hooks.append((STATE_HOOK, replace_where(after, twin_fed)))
+    patched_output(model, b.clean, start, hooks, None, 0)
+    T = b.tokens.shape[1]
+    full = {}
+    for n in names:  # positions before ``start`` are the clean run's: never patched
+        x = got[n]
+        full[n] = torch.cat([x.new_zeros(x.shape[0], T - x.shape[1], *x.shape[2:]), x], 1)
+    return full
+
+
+def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str = "recurrent",
+          kinds: str = "resid,head,path", depths: str | None = None, data: str | Path | None = None,
+          out: str | Path = "results/patch", seed: int = 0, batch_size: int = 64,
+          device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+    """``fbt-probe patch`` (see the module docstring); every argument is checked first."""
+    from fbt_probe.device import resolve_device
+    from fbt_probe.registry import resolve_model
+    from probes.extract import max_batch_tokens
+    from probes.patch_plot import plot_patch
+    from probes.run import load_or_generate
+    from tasks import get_task
+    from tasks.files import check_output_dir
+
+    pf, out = parse_prefill(prefill), Path(out)
+    if pf.passes is None:
+        raise ValueError(
+            "--prefill full: patch acts on a Jacobi pass; use standard, recurrent or k<N>"
+        )
+    chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    bad = [k for k in chosen if k not in KINDS]
+    if bad or not chosen:
+        raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
+    get_task(task)
+    check_output_dir(out)
+    m, name = resolve_model(model, resolve_device(device))
+    m.eval()
+    at = pick_depths(depths, len(m.depth_hooks()))
+    if set(chosen) & {"head", "path"} and "blocks.0.attn.hook_z" not in m.hook_dict:
+        raise ValueError(f"{name} has no per-head attention hooks: patch it with --kinds resid")
+    t0 = time.monotonic()
+    ds = load_or_generate(task, data, m, twins=True)
+    pairs = pairs_of(ds)
+    keep = np.flatnonzero(pairs.shift == 0)
+    if not len(keep):
+        raise ValueError(f"{task}: no twin lines up with its example position by position")
+    pairs = pairs.subset(keep)
+    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
+    rec, n_runs = Record(len(pairs)), 0
+    with torch.inference_mode():
+        for k, b in enumerate(bs):
+            n_runs += patch_batch(m, b, pf, chosen, rec, pairs, at)
+            if progress is not None:
+                progress(k + 1, len(bs), f"{task} {pf.name}: patches")
+    df = summarise(rec, pairs, task, pf.name, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "patch.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    doc = json.dumps({"model": name, "task": task, "prefill": pf.name, "kinds": list(chosen),
+                      "n_pairs": len(pairs), "n_batches": len(bs), "patched_runs": n_runs, "depths": list(at),
+                      "seconds": time.monotonic() - t0, **reference(rec, pairs)}, indent=1)  # fmt: skip
+    atomic_write(out / "patch.json", lambda tmp: Path(tmp).write_text(doc + "\n"))
+    lines = plot_patch(df, task, pf.name, out / "figures")
+    lines.append(
+        f"wrote {out / 'patch.csv'} ({len(df)} rows, {n_runs} patched runs) and figures in {out / 'figures'}"
+    )
+    return df, lines
