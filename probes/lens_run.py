@@ -24,6 +24,7 @@ import torch
 from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
 from probes.extract import _batches, max_batch_tokens, parse_site, site_positions
 from probes.fit import N_BOOT, GroupBootstrap
+from probes.twins import _padded as padded
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
@@ -60,12 +61,9 @@ def answer_positions(ds: Dataset, model, position: str) -> tuple[np.ndarray, np.
     return at, answer
 
 
-def _padded(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
-    T = int(lengths[idx].max())
-    toks = torch.full((len(idx), T), vocab.PAD_ID, dtype=torch.long)
-    for j, i in enumerate(idx):
-        toks[j, : lengths[i]] = torch.from_numpy(ds.token_ids[i][: lengths[i]])
-    return toks.to(device)
+def prompts(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
+    """(len(idx), longest) the examples' first ``lengths`` tokens, right-padded."""
+    return padded([ds.token_ids[i][: lengths[i]] for i in idx]).to(device)
 
 
 def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, meta: dict,
@@ -79,7 +77,7 @@ def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, 
         lengths = ds.colon_index + 1
         for part in _batches(lengths[chosen], batch_size, max_batch_tokens(model)):
             idx = chosen[part]
-            toks = _padded(ds, idx, lengths, device)
+            toks = prompts(ds, idx, lengths, device)
             t = torch.arange(toks.shape[1], device=device)[None]
             keep = (t >= 1) & (t < torch.as_tensor(lengths[idx], device=device)[:, None])
             accumulate(model, stats, toks, keep, passes)
@@ -99,7 +97,7 @@ def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.nda
     order: list[np.ndarray] = []  # positions in ``idx`` of each batch's examples
     for part in _batches(lengths[idx], batch_size, max_batch_tokens(model)):
         b = idx[part]
-        toks = _padded(ds, b, lengths, device)
+        toks = prompts(ds, b, lengths, device)
         at, answer = (torch.as_tensor(w[b], device=device) for w in where)
         for name, r in lens_batch(model, toks, at, answer, passes, tuned).items():
             parts.setdefault(name, []).append(r)

@@ -105,14 +105,15 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at)
     rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
     rec.put(TWIN, b.idx, _answer_logits(twin_out, b, 0, twin=True), pairs)
     runs = []  # (key, start, hooks, from_layer)
+    cols = resid_columns(b)
     if "resid" in kinds:
         for d in at:
             name = depth[d]
-            for col, mask in resid_columns(b).items():
+            for col, mask in cols.items():
                 runs.append((Key("patch_resid", name, col), _start(mask),
                              [(name, replace_where(mask, acts[name]))], _layer_from(model, d)))  # fmt: skip
     t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
-    after = resid_columns(b)["all"] & (t >= b.label_pos[:, None])
+    after = cols["all"] & (t >= b.label_pos[:, None])
     if "head" in kinds:
         for layer, name in enumerate(z):
             for h in range(H):

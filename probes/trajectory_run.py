@@ -26,7 +26,7 @@ import torch
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.extract import _batches, max_batch_tokens
 from probes.fit import N_BOOT, GroupBootstrap
-from probes.lens_run import _padded, answer_positions
+from probes.lens_run import answer_positions, prompts
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
@@ -67,7 +67,7 @@ def collect(model, ds: Dataset, passes: int, batch_size: int, progress=None) -> 
     built_in = getattr(model, "encoding", None) is None
     done = 0
     for idx in _batches(lengths, batch_size, max_batch_tokens(model)):
-        toks = _padded(ds, idx, lengths, device)
+        toks = prompts(ds, idx, lengths, device)
         ps = pass_states(model, toks, torch.as_tensor(lengths[idx], device=device), passes)
         d = distance_to_last(ps.states).cpu().numpy()  # (passes, b, T)
         rows = torch.arange(len(idx), device=device)
