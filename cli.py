@@ -504,6 +504,30 @@ def patch(
 
 @app.command()
 @user_errors
+def heads(
+    model: str = MODEL,
+    task: str = TASKS,
+    passes: int = typer.Option(2, "--passes", "-k", help="Jacobi passes read (1..16)."),
+    data: Path = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet)."),
+    out: Path = typer.Option(Path("results/heads"), "--out", "-o", help="Output folder."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed and the induction test's tokens."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    device: str = DEVICE,
+) -> None:  # fmt: skip
+    """Attention by pass: each head's share on the previous token and, from the answer
+    position, on the label token; an induction score; one example's pattern pass by pass.
+
+    Library: probes.heads_run.heads."""
+    from probes.heads_run import heads as run
+
+    with eager("heads", 1) as bar:
+        _, lines = run(model=model, task=task, passes=passes, data=data, out=out, seed=seed,
+                       batch_size=batch_size, device=device, progress=bar)  # fmt: skip
+    typer.echo("\n".join(lines))
+
+
+@app.command()
+@user_errors
 def stability(
     model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
                                     "folder; repeat to compare models in one figure."),

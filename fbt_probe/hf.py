@@ -70,11 +70,30 @@ class HFConfig:
                 "norm_eps": self.norm_eps, "d_model": self.d_model}  # fmt: skip
 
 
-class _BlockHooks(nn.Module):
+class _AttnHooks(nn.Module):
+    """Per-head hooks on a Hugging Face attention layer, with the built-in model's names and
+    shapes. q, k and v are the projections' outputs (before rotary), k and v with the model's
+    key-value heads; z is each head's output before the output projection. The pattern
+    (batch, head, query_pos, key_pos) is computed only while something hooks it, through
+    eager attention, and is read-only: the layer's output is already made from it."""
+
     def __init__(self):
+        super().__init__()
+        self.hook_q = HookPoint()  # (batch, pos, head, d_head)
+        self.hook_k = HookPoint()  # (batch, pos, kv_head, d_head)
+        self.hook_v = HookPoint()  # (batch, pos, kv_head, d_head)
+        self.hook_pattern = HookPoint()  # (batch, head, query_pos, key_pos)
+        self.hook_pattern.pos_dim = 2  # its query positions: fbt_probe.positions reads it
+        self.hook_z = HookPoint()  # (batch, pos, head, d_head)
+
+
+class _BlockHooks(nn.Module):
+    def __init__(self, attention: bool):
         super().__init__()
         self.hook_resid_pre = HookPoint()  # (batch, pos, d_model): the layer's input
         self.hook_resid_post = HookPoint()  # (batch, pos, d_model): its output
+        if attention:
+            self.attn = _AttnHooks()
 
 
 class _FinalHooks(nn.Module):
@@ -109,15 +128,24 @@ class HFFeedbackModel(FeedbackModel):
         base = hf_model.base_model
         self._layers = _find(base, LAYER_LISTS, "decoder layers", cfg.architecture)
         self._final_norm = _find(base, FINAL_NORMS, "final norm", cfg.architecture)
-        self.blocks = nn.ModuleList([_BlockHooks() for _ in range(cfg.n_layers)])
+        d_head = _d_head(hf_model.config)
+        heads = d_head is not None and all(_attention_of(layer) for layer in self._layers)
+        self.blocks = nn.ModuleList([_BlockHooks(heads) for _ in range(cfg.n_layers)])
         self.ln_final = _FinalHooks()
         for layer, hooks in zip(self._layers, self.blocks, strict=True):
             layer.register_forward_pre_hook(_pre_hook(hooks.hook_resid_pre), with_kwargs=True)
             layer.register_forward_hook(_post_hook(hooks.hook_resid_post))
+            if heads:
+                _attach_attention(_attention_of(layer), hooks.attn, d_head)
+        self._n_heads = int(hf_model.config.num_attention_heads) if heads else 0
         self._final_norm.register_forward_hook(_post_hook(self.ln_final.hook_normalized))
         self.context = {"pass": 0, "step": None, "offset": 0}
         self.setup()
         self._hook_points = list(self.hook_dict.values())
+
+    @property
+    def n_heads(self) -> int:
+        return self._n_heads
 
     # ---- the interface FeedbackModel needs ---------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -165,9 +193,18 @@ class HFFeedbackModel(FeedbackModel):
             elif have < offset:
                 raise ValueError(f"the cache holds {have} positions; cannot run from {offset}")
         pos = torch.arange(offset, offset + T, device=x.device)[None].expand(x.shape[0], T)
-        out = self.hf.base_model(
-            inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
-        )
+        config = self.hf.config
+        impl = config._attn_implementation
+        if self._n_heads and any(b.attn.hook_pattern.fwd_hooks for b in self.blocks):
+            # only eager attention computes the pattern; it is switched per call, so a forward
+            # that nobody reads the pattern of keeps the faster kernel
+            config._attn_implementation = "eager"
+        try:
+            out = self.hf.base_model(
+                inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
+            )
+        finally:
+            config._attn_implementation = impl
         return LazyPassOutput(out.last_hidden_state, self.hf.get_output_embeddings())
 
 
@@ -185,6 +222,100 @@ def _post_hook(hp: HookPoint):
         if isinstance(output, tuple):
             return (hp(output[0]), *output[1:])
         return hp(output)
+
+    return hook
+
+
+ATTENTIONS = ("self_attn", "attn", "attention")
+
+
+def _d_head(config) -> int | None:
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads:
+        return None
+    return int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+
+
+def _attention_of(layer: nn.Module):
+    """A decoder layer's self-attention, if its family's layout is known: separate q, k, v and
+    o projections (Llama, Qwen2, Mistral), GPT-2's c_attn and c_proj, or GPT-NeoX's
+    query_key_value and dense."""
+    attn = next((getattr(layer, n) for n in ATTENTIONS if hasattr(layer, n)), None)
+    layouts = (("q_proj", "k_proj", "v_proj", "o_proj"), ("c_attn", "c_proj"),
+               ("query_key_value", "dense"))  # fmt: skip
+    if attn is None or not any(all(hasattr(attn, n) for n in names) for names in layouts):
+        return None
+    return attn
+
+
+def _attach_attention(attn: nn.Module, hooks: _AttnHooks, d_head: int) -> None:
+    qkv = (hooks.hook_q, hooks.hook_k, hooks.hook_v)
+    if hasattr(attn, "q_proj"):
+        for proj, hp in zip((attn.q_proj, attn.k_proj, attn.v_proj), qkv, strict=True):
+            proj.register_forward_hook(_split_heads(hp, d_head))
+        out_proj = attn.o_proj
+    elif hasattr(attn, "c_attn"):  # GPT-2: q, k and v side by side, each d_model wide
+        attn.c_attn.register_forward_hook(_fused_qkv(qkv, d_head, per_head=False))
+        out_proj = attn.c_proj
+    else:  # GPT-NeoX: q, k and v of each head together
+        attn.query_key_value.register_forward_hook(_fused_qkv(qkv, d_head, per_head=True))
+        out_proj = attn.dense
+    out_proj.register_forward_pre_hook(_heads_in(hooks.hook_z, d_head))
+    attn.register_forward_hook(_pattern_hook(hooks.hook_pattern))
+
+
+def _split_heads(hp: HookPoint, d_head: int):
+    """A projection's output (batch, pos, n * d_head) through ``hp`` as (batch, pos, n, d_head)."""
+
+    def hook(module, args, output):
+        if not hp.fwd_hooks:  # nothing to see: no reshaping on the model's own path
+            return None
+        B, T, _ = output.shape
+        return hp(output.view(B, T, -1, d_head)).reshape(B, T, -1)
+
+    return hook
+
+
+def _fused_qkv(hps: tuple[HookPoint, ...], d_head: int, per_head: bool):
+    def hook(module, args, output):
+        if not any(hp.fwd_hooks for hp in hps):
+            return None
+        B, T, _ = output.shape
+        if per_head:  # (batch, pos, head, [q k v], d_head)
+            parts = output.view(B, T, -1, 3, d_head).unbind(3)
+            out = torch.stack([hp(p) for hp, p in zip(hps, parts, strict=True)], 3)
+            return out.reshape(B, T, -1)
+        parts = [p.reshape(B, T, -1, d_head) for p in output.chunk(3, dim=-1)]
+        return torch.cat([hp(p).reshape(B, T, -1) for hp, p in zip(hps, parts, strict=True)], -1)
+
+    return hook
+
+
+def _heads_in(hp: HookPoint, d_head: int):
+    """The output projection's input, each head's output side by side, through ``hp`` as
+    (batch, pos, head, d_head)."""
+
+    def hook(module, args):
+        if not hp.fwd_hooks:
+            return None
+        z = args[0]
+        B, T, _ = z.shape
+        return (hp(z.reshape(B, T, -1, d_head)).reshape(B, T, -1), *args[1:])
+
+    return hook
+
+
+def _pattern_hook(hp: HookPoint):
+    def hook(module, args, output):
+        if not hp.fwd_hooks or not isinstance(output, tuple) or output[1] is None:
+            return None
+        pattern = output[1]
+        if hp(pattern) is not pattern:
+            raise ValueError(
+                f"{hp.name} is read-only on a Hugging Face model: patch hook_q, hook_k, "
+                "hook_v or hook_z instead"
+            )
+        return None
 
     return hook
 

@@ -301,6 +301,12 @@ class FeedbackModel(HookedRootModule):
             f"blocks.{L - 1}.hook_resid_post"
         ]
 
+    @property
+    def n_heads(self) -> int:
+        """Attention heads per layer that have per-head hooks (``blocks.{l}.attn.hook_z``,
+        ``hook_q``, ``hook_k``, ``hook_v``, ``hook_pattern``); 0 for a model without them."""
+        return int(getattr(self.cfg, "n_heads", 0))
+
     def read_state(self, h: torch.Tensor) -> torch.Tensor:
         """The output head on top states h (..., d_model): the logits they give."""
         raise NotImplementedError

@@ -96,7 +96,7 @@ def _layer_from(model, depth: int) -> int:
 def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at) -> int:
     """Every patch of ``kinds`` on one batch (residuals at the depths ``at``), into ``rec``;
     returns the number of runs."""
-    L, H = model.cfg.n_layers, getattr(model.cfg, "n_heads", 0)  # heads: the built-in model only
+    L, H = model.cfg.n_layers, model.n_heads
     depth, z = model.depth_hooks(), [f"blocks.{i}.attn.hook_z" for i in range(L)]
     qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
     names = depth + (z if "head" in kinds else []) + ([STATE_HOOK] if "path" in kinds else [])
@@ -123,7 +123,7 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at)
         fed = acts[STATE_HOOK] if STATE_HOOK in acts else None  # none in a plain pass
         swapped = state_swapped_qkv(model, b, fed, qkv, after)
         for name in qkv:
-            for h in range(H):
+            for h in range(swapped[name].shape[2]):  # keys and values: the key-value heads
                 runs.append((Key("patch_path", name, f"head {h}"), _start(after),
                              [(name, head_hook(h, after, swapped[name]))], 0))  # fmt: skip
     for key, start, hooks, layer in runs:
@@ -181,8 +181,9 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
     at = pick_depths(depths, len(m.depth_hooks()))
-    if set(chosen) & {"head", "path"} and "blocks.0.attn.hook_z" not in m.hook_dict:
-        raise ValueError(f"{name} has no per-head attention hooks: patch it with --kinds resid")
+    if set(chosen) & {"head", "path"} and not m.n_heads:
+        raise ValueError(f"{name}: its attention layout has no per-head hooks here; patch it "
+                         "with --kinds resid")  # fmt: skip
     t0 = time.monotonic()
     ds = load_or_generate(task, data, m, twins=True)
     pairs = pairs_of(ds)

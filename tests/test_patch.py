@@ -107,7 +107,9 @@ def test_patch_command_on_the_default_model(dm, tmp_path):
     assert "move the answer most" in r.output
 
 
-def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads(tmp_path):
+def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads_without_hooks(
+    tmp_path, monkeypatch
+):
     pytest.importorskip("transformers")
     from fbt_probe.hf_tiny import model_folder
 
@@ -125,9 +127,13 @@ def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads(tmp_p
         & (df.metric == "logit_diff")
     ]
     assert abs(float(ld.value.iloc[0])) < 1e-4
+    # an attention layout fbt-probe does not know has no per-head hooks: heads are refused
+    from fbt_probe.hf import HFFeedbackModel
+
+    monkeypatch.setattr(HFFeedbackModel, "n_heads", property(lambda self: 0))
     r = CliRunner().invoke(app, ["patch", "--model", str(folder), "--data", str(data), "--out",
                                  str(tmp_path / "q")])  # fmt: skip
-    assert r.exit_code == 1 and "no per-head attention hooks" in r.output
+    assert r.exit_code == 1 and "has no per-head hooks here" in r.output
     assert not (tmp_path / "q").exists()
 
 
