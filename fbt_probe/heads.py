@@ -8,6 +8,8 @@ example are kept, and one row of the pattern for a shown example:
   label-bearing token;
 - ``row``: the read position's whole row (batch, head, key_pos), for the examples asked for.
 
+``pair_weights`` gives the weight of any chosen query position on any chosen key position.
+
 ``induction_scores`` is the standard induction test (Olsson et al. 2022): on a random sequence
 repeated once, ``[BOS] r r``, the weight of each token of the repeat on the token after its
 first occurrence. Everything works on any ``FeedbackModel`` with per-head hooks
@@ -68,6 +70,25 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
     with model.hooks(fwd_hooks=hooks):
         model(tokens, passes=passes, keep_all=False)
     return HeadReads(prev, lab, rows)
+
+
+@torch.inference_mode()
+def pair_weights(model: FeedbackModel, tokens: torch.Tensor, query: torch.Tensor,
+                 key: torch.Tensor, passes: int) -> torch.Tensor:  # fmt: skip
+    """(passes, layers, batch, n, heads): every head's weight of query position
+    ``query[b, i]`` on key position ``key[b, i]`` (both (batch, n)), in every pass."""
+    names = pattern_hooks(model)
+    B, n = query.shape
+    out = torch.zeros(passes, model.cfg.n_layers, B, n, model.n_heads)
+    r = torch.arange(B, device=tokens.device)[:, None].expand(B, n)
+
+    def hook(x, hook, layer):  # x: (batch, head, query_pos, key_pos)
+        out[hook.ctx["pass"], layer] = x.permute(0, 2, 3, 1)[r, query, key].float().cpu()
+
+    hooks = [(name, functools.partial(hook, layer=i)) for i, name in enumerate(names)]
+    with model.hooks(fwd_hooks=hooks):
+        model(tokens, passes=passes, keep_all=False)
+    return out
 
 
 def repeated_tokens(ids: torch.Tensor, n_seq: int, half: int, bos: int | None,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fbt_probe.evaluate import heldout_examples
+from fbt_probe.heads import pair_weights
 from fbt_probe.registry import resolve_model
 from tasks import vocab
 
@@ -30,6 +31,8 @@ def examples(n_groups: int, counts: tuple[int, ...], seed: int):
 
 @torch.no_grad()
 def measure(model, exs, passes: int) -> dict:
+    """Each example's attention weights in the last pass, from ``fbt_probe.heads.pair_weights``
+    (the pass-aware weights of chosen query positions on chosen key positions)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     last = np.zeros((n_layers, n_heads))
     earlier = np.zeros((n_layers, n_heads))
@@ -37,34 +40,33 @@ def measure(model, exs, passes: int) -> dict:
     prev_token = np.zeros((n_layers, n_heads))
     n_reads = n_earlier = n_values = 0
     correct = total = 0
-    names = lambda n: n.endswith("attn.hook_pattern")  # noqa: E731
     for ex in exs:
         ids = torch.tensor([vocab.encode(ex.tokens)])
-        out, caches = model.run_with_pass_caches(ids, passes=passes, names_filter=names)
-        pat = [caches[-1][f"blocks.{layer}.attn.hook_pattern"][0] for layer in range(n_layers)]
         toks, c = ex.tokens, ex.colon_index
-        logits = out.logits[0]
         values = [i + 1 for i in range(1, c) if toks[i][:1] == "R" and toks[i + 1][:1] == "V"]
-        for layer in range(n_layers):
-            w = pat[layer][:, values, [v - 1 for v in values]]
-            prev_token[layer] += w.double().sum(-1).numpy()
-        n_values += len(values)
+        pairs = [(v, v - 1) for v in values]  # each written value on its register's name
+        reads = []
         for r, off in enumerate(ex.label_offsets):
             at = c + 1 + off - 1  # the register's name after the colon
-            reg = toks[at]
-            writes = [i for i in range(1, c) if toks[i] == reg and toks[i + 1].startswith("V")]
-            w = writes[-1]
+            writes = [i for i in range(1, c) if toks[i] == toks[at] and toks[i + 1].startswith("V")]
+            reads.append((r, at, writes))
+            pairs += [(at, writes[-1] + 1), (at, writes[-1])] + [(at, i + 1) for i in writes[:-1]]
+        q, k = (torch.tensor([[p[j] for p in pairs]]) for j in (0, 1))
+        w = pair_weights(model, ids, q, k, passes)[-1, :, 0].double().numpy()  # (L, n, H)
+        logits = model(ids, passes=passes).logits[0]
+        prev_token += w[:, : len(values)].sum(1)
+        n_values += len(values)
+        j = len(values)
+        for r, at, writes in reads:
             correct += int(logits[at].argmax()) == vocab.TOKEN_TO_ID[ex.answer[r]]
             total += 1
             n_reads += 1
-            for layer in range(n_layers):
-                last[layer] += pat[layer][:, at, w + 1].double().numpy()
-                name[layer] += pat[layer][:, at, w].double().numpy()
-                if len(writes) > 1:
-                    earlier[layer] += (
-                        pat[layer][:, at, [i + 1 for i in writes[:-1]]].double().sum(-1).numpy()
-                    )
+            last += w[:, j]
+            name += w[:, j + 1]
+            if len(writes) > 1:
+                earlier += w[:, j + 2 : j + 1 + len(writes)].sum(1)
             n_earlier += len(writes) > 1
+            j += 1 + len(writes)
     return {
         "accuracy": correct / total,
         "last_value": (last / n_reads).tolist(),
