@@ -5,7 +5,13 @@ over the same passes and examples (goal: at most 1.5x each).
   K = 3 passes, against ``extract_features`` at prefill k3 (the same 3 passes); fitting the
   tuned lens, a one-off per model, is timed apart;
 - trajectory: K = 8 passes with every position's states, the gate and the answer's top token,
-  against ``extract_features`` at prefill k8.
+  against ``extract_features`` at prefill k8;
+- heads: attention by pass (every head's pattern reduced in its hook), 2 passes, against
+  ``extract_features`` at prefill recurrent (reported, no goal);
+- patch by head, per layer l, on one batch of twins under recurrent prefill: the layer's
+  ``heads`` head patches against (heads + 1) patched runs from layer l (goal: at most 1.0x),
+  and one patched run from layer l against one from layer 0 (below 1 where the layers below
+  l are not re-run).
 
 Run: .venv/bin/python -m bench.anatomy [--model DIR]   (prints a table, writes bench/anatomy.json;
 with --model, bench/anatomy_<folder name>.json)
@@ -18,10 +24,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.registry import resolve_model
 from probes.extract import extract_features
+from probes.heads_run import collect as heads_collect
 from probes.lens_run import answer_positions, fit_translators, measure
 from probes.trajectory_run import collect
 from tasks.dataset import load
@@ -44,6 +52,9 @@ def main() -> None:
                                 distractors=COUNTS, seed=99,
                                 tokenizer=None if enc is None else enc.source)  # fmt: skip
         ds = load(path)
+        twins = load(generate_dataset("delayed_memory", Path(tmp) / "tw.parquet",
+                                      n_groups=args.n_groups, distractors=COUNTS, seed=99,
+                                      twins=True, tokenizer=None if enc is None else enc.source))  # fmt: skip
     idx, where = np.arange(len(ds)), answer_positions(ds, model, "answer")
     reps = 3 if enc is None else 1
     ex3 = best_of(lambda: extract_features(model, ds, "k3", batch_size=64), repeats=reps)
@@ -61,12 +72,65 @@ def main() -> None:
         {"what": "extract, 8 passes", "seconds": round(ex8, 3), "ratio": 1.0},
         {"what": "trajectory, 8 passes", "seconds": round(traj, 3), "ratio": round(traj / ex8, 2)},
     ]  # fmt: skip
+    rows += head_patch_rows(model, twins)
+    rows += heads_rows(model, twins, reps)
     print(f"model {name}; delayed_memory, {len(ds)} examples (counts {COUNTS}); goal <= {GOAL}x")
     print(table(rows, ["what", "seconds", "ratio"]))
     stem = "anatomy" if args.model == "default" else f"anatomy_{Path(args.model).name}"
     out = write_json(stem, {"model": name, "examples": len(ds), "goal": GOAL, "rows": rows,
                             "machine": machine()})  # fmt: skip
     print(f"wrote {out}")
+
+
+def head_patch_rows(model, twins) -> list[dict]:
+    """Per layer: its head patches against (heads + 1) runs from it, and one run from it
+    against one from layer 0 (one batch of twins, recurrent prefill)."""
+    from fbt_probe.patching import clean_run, patched_output, replace_where
+    from fbt_probe.prefill import parse_prefill
+    from probes.patch_run import _layer_from, head_hook, twin_acts
+    from probes.twins import batches, pairs_of
+
+    pairs = pairs_of(twins)
+    pairs = pairs.subset(np.flatnonzero(pairs.shift == 0))
+    b = batches(pairs, 64, "cpu")[-1]  # the longest prompts
+    pf, L, H = parse_prefill("recurrent"), model.cfg.n_layers, model.n_heads
+    z = [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    resid = [f"blocks.{i}.hook_resid_pre" for i in range(L)]
+    _, acts = twin_acts(model, b, pf, z + resid)
+    trace = clean_run(model, b.tokens, pf)
+    t = torch.arange(b.tokens.shape[1])[None]
+    after = (t <= b.answer[:, None]) & (t >= b.label_pos[:, None])
+    start = int(b.label_pos.min())
+
+    def one(layer):
+        hook = [(resid[layer], replace_where(after, acts[resid[layer]]))]
+        patched_output(model, trace, start, hook, None, _layer_from(model, layer))
+
+    def heads(layer):
+        for h in range(H):
+            hook = [(z[layer], head_hook(h, after, acts[z[layer]]))]
+            patched_output(model, trace, start, hook, None, _layer_from(model, layer))
+
+    rows, base = [], best_of(lambda: one(0), repeats=3)
+    for layer in range(L):
+        run, allh = best_of(lambda: one(layer), repeats=3), best_of(lambda: heads(layer), repeats=3)
+        rows.append({"what": f"patch: layer {layer}'s {H} heads vs {H + 1} runs from it",
+                     "seconds": round(allh, 3), "ratio": round(allh / ((H + 1) * run), 2)})  # fmt: skip
+        rows.append({"what": f"patch: one run from layer {layer} vs from layer 0",
+                     "seconds": round(run, 4), "ratio": round(run / base, 2)})  # fmt: skip
+    return rows
+
+
+def heads_rows(model, twins, reps: int) -> list[dict]:
+    """``heads``' attention reads over 2 passes against an extraction over the same passes."""
+    from probes.twins import pairs_of
+
+    pairs = pairs_of(twins)
+    ex = best_of(lambda: extract_features(model, twins, "recurrent", batch_size=64), repeats=reps)
+    got = best_of(lambda: heads_collect(model, pairs, 2, 0, 64), repeats=reps)
+    return [{"what": "extract, 2 passes (twin data)", "seconds": round(ex, 3), "ratio": 1.0},
+            {"what": "heads: attention by pass, 2 passes", "seconds": round(got, 3),
+             "ratio": round(got / ex, 2)}]  # fmt: skip
 
 
 if __name__ == "__main__":
