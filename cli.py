@@ -477,10 +477,12 @@ def patch(
     model: str = MODEL,
     task: str = typer.Option("delayed_memory", "--task", "-t", help="One task."),
     prefill: str = typer.Option("recurrent", "--prefill", "-p", help="standard, recurrent or k<N>: "
-                                "patches act on its last pass."),
+                                "the Jacobi passes run."),
     kinds: str = typer.Option("resid,head,path", "--kinds", help="resid (depth x position), head "
                               "(each head's output), path (the fed-back state into one block-0 "
                               "head's q, k or v), comma-separated."),
+    pass_: int = typer.Option(None, "--pass", help="The pass patched (default: the prefill's "
+                              "last); an earlier one reaches the answer through the feedback."),
     depths: str = typer.Option(None, "--depths", help="The residual's depths: 'all' or a list "
                                "(default: 5 evenly spaced, every one of the built-in model)."),
     data: Path = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet)."),
@@ -496,7 +498,7 @@ def patch(
     from probes.patch_run import patch as run
 
     with eager("patch", 1) as bar:
-        _, lines = run(model=model, task=task, prefill=prefill, kinds=kinds, depths=depths,
+        _, lines = run(model=model, task=task, prefill=prefill, kinds=kinds, pass_=pass_, depths=depths,
                        data=data, out=out, seed=seed, batch_size=batch_size, device=device,
                        progress=bar)  # fmt: skip
     typer.echo("\n".join(lines))

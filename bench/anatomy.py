@@ -113,7 +113,8 @@ def head_patch_rows(model, twins) -> list[dict]:
 
     rows, base = [], best_of(lambda: one(0), repeats=3)
     for layer in range(L):
-        run, allh = best_of(lambda: one(layer), repeats=3), best_of(lambda: heads(layer), repeats=3)
+        run = best_of(lambda layer=layer: one(layer), repeats=3)
+        allh = best_of(lambda layer=layer: heads(layer), repeats=3)
         rows.append({"what": f"patch: layer {layer}'s {H} heads vs {H + 1} runs from it",
                      "seconds": round(allh, 3), "ratio": round(allh / ((H + 1) * run), 2)})  # fmt: skip
         rows.append({"what": f"patch: one run from layer {layer} vs from layer 0",

@@ -51,7 +51,8 @@ TITLES = {"resid": ("depth", "position patched"), "head": ("layer", "head (outpu
 
 
 def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> list[str]:
-    """``patch_<kind>_<task>`` in ``out`` for each kind present; returns the findings."""
+    """``patch_<kind>_<task>`` in ``out`` for each kind present; returns the findings.
+    ``prefill``: how the title and the findings name the run (e.g. 'recurrent prefill, pass 2')."""
     lines = []
     for kind, (ylabel, xlabel) in TITLES.items():
         t = patch_matrix(df, task, kind)
@@ -62,7 +63,7 @@ def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> list[str
         )
         sns.heatmap(t, ax=ax, cmap=DIVERGING, vmin=-0.2, vmax=1.2, center=0.5, annot=t.size <= 200,
                     fmt=".2f", cbar_kws={"label": "logit difference (1 clean, 0 twin)"})  # fmt: skip
-        ax.set_title(f"{task}, {prefill} prefill: patch the twin's {kind}")
+        ax.set_title(f"{task}, {prefill}: patch the twin's {kind}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         save_figure(fig, Path(out), f"patch_{kind}_{task}")

@@ -1,5 +1,7 @@
 """``fbt-probe patch``: activation patching between each example and its counterfactual twin,
-in the last pass of a Jacobi prefill (the pass whose answer is read).
+in one pass of a Jacobi prefill: by default the last (the pass whose answer is read), or an
+earlier one (``--pass``), whose patch then reaches the answer through the states it feeds
+back into every later pass.
 
 Each patch runs the clean example with one activation taken from its twin's run, and scores
 the answer with the normalised logit difference of ``fbt-probe intervene`` (1: the clean
@@ -14,8 +16,9 @@ run's, 0: the twin's own run's), with 95 % intervals over groups. Three kinds:
   else clean. It says which heads read the feedback; with no feedback (standard prefill, or
   a model whose fusion is ``none``) it changes nothing.
 
-A patch at depth d re-runs only the blocks from d up (on a model that can skip layers) and the
-positions from the first patched one on. Only twins that line up with their example position
+In the last pass, a patch at depth d re-runs only the blocks from d up (on a model that can skip
+layers) and the positions from the first patched one on; in an earlier pass, the patched pass
+and every later one are run whole. Only twins that line up with their example position
 by position are patched. Writes ``patch.csv`` (the columns of ``interventions.csv``),
 ``patch.json`` and one heatmap per kind and task.
 """
@@ -30,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.hooks import at as only_in
 from fbt_probe.model import FeedbackModel
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
 from fbt_probe.prefill import Prefill, parse_prefill
@@ -50,12 +54,34 @@ KINDS = ("resid", "head", "path")
 BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
 
 
-def twin_acts(model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str]):
+def twin_acts(model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str],
+              at_pass: int | None = None):  # fmt: skip
     """The twins' run: their last pass's output and the activations ``names`` (every
-    position) of that pass."""
+    position) of pass ``at_pass`` (0 = pass 1; None: the last)."""
+    last = at_pass is None or at_pass == pf.passes - 1
     out, caches = model.run_with_pass_caches(b.twin_tokens, passes=pf.passes, names_filter=names,
-                                             last_only=True)  # fmt: skip
-    return out.passes[-1], caches[-1]
+                                             last_only=last)  # fmt: skip
+    return out.passes[-1], caches[-1 if last else at_pass]
+
+
+class Runner:
+    """Patched runs of one batch in one pass. In the last pass, ``clean_run``'s trace is reused
+    (from the first patched position and depth on); in an earlier pass the hooks act in that
+    pass only and every later pass is run again, whole."""
+
+    def __init__(self, model: FeedbackModel, b: PairBatch, pf: Prefill, at_pass: int | None):
+        self.model, self.b, self.pf = model, b, pf
+        self.early = at_pass is not None and at_pass < pf.passes - 1
+        self.at_pass = at_pass
+
+    def __call__(self, hooks, start: int, layer: int):
+        """The last pass's output and the first position it covers."""
+        if not self.early:
+            return patched_output(self.model, self.b.clean, start, hooks, None, layer), start
+        only = [(name, only_in(fn, passes=[self.at_pass])) for name, fn in hooks]
+        with self.model.hooks(fwd_hooks=only):
+            out = self.model(self.b.tokens, passes=self.pf.passes, keep_all=False)
+        return out.passes[-1], 0
 
 
 def head_hook(head: int, mask: torch.Tensor, values: torch.Tensor):
@@ -93,18 +119,31 @@ def _layer_from(model, depth: int) -> int:
     return min(depth, model.cfg.n_layers - 1)
 
 
-def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at) -> int:
-    """Every patch of ``kinds`` on one batch (residuals at the depths ``at``), into ``rec``;
-    returns the number of runs."""
-    L, H = model.cfg.n_layers, model.n_heads
+def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
+                at_pass: int | None = None) -> int:  # fmt: skip
+    """Every patch of ``kinds`` on one batch (residuals at the depths ``at``) in pass
+    ``at_pass`` (0 = pass 1; None: the last), into ``rec``; returns the number of runs."""
+    L = model.cfg.n_layers
     depth, z = model.depth_hooks(), [f"blocks.{i}.attn.hook_z" for i in range(L)]
-    qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
     names = depth + (z if "head" in kinds else []) + ([STATE_HOOK] if "path" in kinds else [])
     b.clean = clean_run(model, b.tokens, pf)
-    twin_out, acts = twin_acts(model, b, pf, names)
+    twin_out, acts = twin_acts(model, b, pf, names, at_pass)
     rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
     rec.put(TWIN, b.idx, _answer_logits(twin_out, b, 0, twin=True), pairs)
-    runs = []  # (key, start, hooks, from_layer)
+    runner = Runner(model, b, pf, at_pass)
+    runs = plan_runs(model, b, kinds, acts, at, runner)
+    for key, start, hooks, layer in runs:
+        out, first = runner(hooks, start, layer)
+        rec.put(key, b.idx, _answer_logits(out, b, first), pairs)
+    b.clean = None
+    return len(runs)
+
+
+def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tuple]:
+    """(key, first patched position, hooks, first block to re-run) of every patch."""
+    L, H = model.cfg.n_layers, model.n_heads
+    depth, z = model.depth_hooks(), [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    runs = []
     cols = resid_columns(b)
     if "resid" in kinds:
         for d in at:
@@ -121,21 +160,20 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at)
                              [(name, head_hook(h, after, acts[name]))], _layer_from(model, layer)))  # fmt: skip
     if "path" in kinds:
         fed = acts[STATE_HOOK] if STATE_HOOK in acts else None  # none in a plain pass
-        swapped = state_swapped_qkv(model, b, fed, qkv, after)
+        qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
+        swapped = state_swapped_qkv(runner, b, fed, qkv, after)
         for name in qkv:
             for h in range(swapped[name].shape[2]):  # keys and values: the key-value heads
                 runs.append((Key("patch_path", name, f"head {h}"), _start(after),
                              [(name, head_hook(h, after, swapped[name]))], 0))  # fmt: skip
-    for key, start, hooks, layer in runs:
-        out = patched_output(model, b.clean, start, hooks, None, layer)
-        rec.put(key, b.idx, _answer_logits(out, b, start), pairs)
-    b.clean = None
-    return len(runs)
+    return runs
 
 
-def state_swapped_qkv(model, b: PairBatch, twin_fed, names, after) -> dict[str, torch.Tensor]:
-    """Block 0's q, k and v (batch, pos, head, d_head) when the twin's fed-back states enter
-    the fusion of the clean example (its own where there is no fed-back state)."""
+def state_swapped_qkv(runner: Runner, b: PairBatch, twin_fed, names,
+                      after) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Block 0's q, k and v (batch, pos, head, d_head) in the patched pass when the twin's
+    fed-back states enter the fusion of the clean example (its own where there is no
+    fed-back state)."""
     got: dict[str, torch.Tensor] = {}
 
     def keep(x, hook):
@@ -145,7 +183,7 @@ def state_swapped_qkv(model, b: PairBatch, twin_fed, names, after) -> dict[str, 
     start = _start(after)
     if twin_fed is not None:
         hooks.append((STATE_HOOK, replace_where(after, twin_fed)))
-    patched_output(model, b.clean, start, hooks, None, 0)
+    runner(hooks, start, 0)
     T = b.tokens.shape[1]
     full = {}
     for n in names:  # positions before ``start`` are the clean run's: never patched
@@ -154,20 +192,9 @@ def state_swapped_qkv(model, b: PairBatch, twin_fed, names, after) -> dict[str, 
     return full
 
 
-def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str = "recurrent",
-          kinds: str = "resid,head,path", depths: str | None = None, data: str | Path | None = None,
-          out: str | Path = "results/patch", seed: int = 0, batch_size: int = 64,
-          device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
-    """``fbt-probe patch`` (see the module docstring); every argument is checked first."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
-    from probes.extract import max_batch_tokens
-    from probes.patch_plot import plot_patch
-    from probes.run import load_or_generate
-    from tasks import get_task
-    from tasks.files import check_output_dir
-
-    pf, out = parse_prefill(prefill), Path(out)
+def parse_args(prefill: str, kinds: str, pass_: int | None) -> tuple[Prefill, tuple, int]:
+    """The prefill, the kinds and the patched pass (0 = pass 1) of ``fbt-probe patch``."""
+    pf = parse_prefill(prefill)
     if pf.passes is None:
         raise ValueError(
             "--prefill full: patch acts on a Jacobi pass; use standard, recurrent or k<N>"
@@ -176,6 +203,26 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     bad = [k for k in chosen if k not in KINDS]
     if bad or not chosen:
         raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
+    if pass_ is not None and not 1 <= pass_ <= pf.passes:
+        raise ValueError(f"--pass {pass_}: {pf.name} prefill has passes 1..{pf.passes}")
+    return pf, chosen, pf.passes - 1 if pass_ is None else pass_ - 1
+
+
+def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str = "recurrent",
+          kinds: str = "resid,head,path", pass_: int | None = None, depths: str | None = None,
+          data: str | Path | None = None, out: str | Path = "results/patch", seed: int = 0,
+          batch_size: int = 64, device: str = "cpu",
+          progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+    """``fbt-probe patch`` (see the module docstring); every argument is checked first.
+    ``pass_``: the pass patched (1-based; None: the prefill's last)."""
+    from fbt_probe.device import resolve_device
+    from fbt_probe.registry import resolve_model
+    from probes.extract import max_batch_tokens
+    from probes.run import load_or_generate
+    from tasks import get_task
+    from tasks.files import check_output_dir
+
+    (pf, chosen, at_pass), out = parse_args(prefill, kinds, pass_), Path(out)
     get_task(task)
     check_output_dir(out)
     m, name = resolve_model(model, resolve_device(device))
@@ -185,8 +232,7 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
         raise ValueError(f"{name}: its attention layout has no per-head hooks here; patch it "
                          "with --kinds resid")  # fmt: skip
     t0 = time.monotonic()
-    ds = load_or_generate(task, data, m, twins=True)
-    pairs = pairs_of(ds)
+    pairs = pairs_of(load_or_generate(task, data, m, twins=True))
     keep = np.flatnonzero(pairs.shift == 0)
     if not len(keep):
         raise ValueError(f"{task}: no twin lines up with its example position by position")
@@ -195,18 +241,28 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     rec, n_runs = Record(len(pairs)), 0
     with torch.inference_mode():
         for k, b in enumerate(bs):
-            n_runs += patch_batch(m, b, pf, chosen, rec, pairs, at)
+            n_runs += patch_batch(m, b, pf, chosen, rec, pairs, at, at_pass)
             if progress is not None:
-                progress(k + 1, len(bs), f"{task} {pf.name}: patches")
+                progress(k + 1, len(bs), f"{task} {pf.name}, pass {at_pass + 1}: patches")
     df = summarise(rec, pairs, task, pf.name, seed)
+    df.insert(df.columns.get_loc("prefill") + 1, "pass", at_pass + 1)
+    meta = {"model": name, "task": task, "prefill": pf.name, "pass": at_pass + 1,
+            "kinds": list(chosen), "n_pairs": len(pairs), "n_batches": len(bs),
+            "patched_runs": n_runs, "depths": list(at), "seconds": time.monotonic() - t0,
+            **reference(rec, pairs)}  # fmt: skip
+    return df, write_patch(df, meta, out)
+
+
+def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
+    """``patch.csv``, ``patch.json`` and the figures; returns the summary lines."""
+    from probes.patch_plot import plot_patch
+
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "patch.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
-    doc = json.dumps({"model": name, "task": task, "prefill": pf.name, "kinds": list(chosen),
-                      "n_pairs": len(pairs), "n_batches": len(bs), "patched_runs": n_runs, "depths": list(at),
-                      "seconds": time.monotonic() - t0, **reference(rec, pairs)}, indent=1)  # fmt: skip
+    doc = json.dumps(meta, indent=1)
     atomic_write(out / "patch.json", lambda tmp: Path(tmp).write_text(doc + "\n"))
-    lines = plot_patch(df, task, pf.name, out / "figures")
-    lines.append(
-        f"wrote {out / 'patch.csv'} ({len(df)} rows, {n_runs} patched runs) and figures in {out / 'figures'}"
-    )
-    return df, lines
+    where = f"{meta['prefill']} prefill, pass {meta['pass']}"
+    lines = plot_patch(df, meta["task"], where, out / "figures")
+    lines.append(f"wrote {out / 'patch.csv'} ({len(df)} rows, {meta['patched_runs']} patched "
+                 f"runs) and figures in {out / 'figures'}")  # fmt: skip
+    return lines

@@ -140,8 +140,70 @@ def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads_witho
 @pytest.mark.parametrize("args,message", [
     (["--prefill", "full"], "error: --prefill full: patch acts on a Jacobi pass"),
     (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, path"),
+    (["--pass", "3"], "error: --pass 3: recurrent prefill has passes 1..2"),
 ])  # fmt: skip
 def test_patch_refuses_bad_input_in_one_line(tmp_path, args, message):
     r = CliRunner().invoke(app, ["patch", "--out", str(tmp_path / "p"), *args])
     assert r.exit_code == 1 and r.output.startswith(message)
     assert len(r.output.strip().splitlines()) == 1
+
+
+@torch.inference_mode()
+def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
+    # every position of depth 0 in pass 1 is the twin's pass 1; pass 2 then fuses the twin's
+    # pass-1 states with the clean embeddings: forward(init_states=...) computes exactly that
+    from probes.patch_run import Runner
+
+    model = resolve_model("default")[0].eval()
+    pf = parse_prefill("recurrent")
+    b = batches(pairs_of(dm), 64, "cpu")[0]
+    out, caches = model.run_with_pass_caches(b.twin_tokens, passes=2,
+                                             names_filter="blocks.0.hook_resid_pre")  # fmt: skip
+    from fbt_probe.patching import clean_run, replace_where
+
+    b.clean = clean_run(model, b.tokens, pf)
+    every = torch.ones_like(b.tokens, dtype=torch.bool)
+    hook = [("blocks.0.hook_resid_pre", replace_where(every, caches[0]["blocks.0.hook_resid_pre"]))]
+    got, first = Runner(model, b, pf, at_pass=0)(hook, 0, 0)
+    ref = model(b.tokens, passes=1, init_states=out.passes[0].states)
+    assert first == 0
+    torch.testing.assert_close(got.logits, ref.logits, atol=1e-5, rtol=1e-5)
+    assert float((got.logits - b.clean.logits).abs().max()) > 1e-2
+
+
+@torch.inference_mode()
+def test_the_last_pass_reuses_the_clean_run_and_equals_running_every_pass_again(dm):
+    from fbt_probe.patching import clean_run
+    from probes.patch_run import Runner
+
+    model = resolve_model("default")[0].eval()
+    pf = parse_prefill("k3")
+    b = batches(pairs_of(dm), 64, "cpu")[0]
+    _, acts = twin_acts(model, b, pf, ["blocks.2.attn.hook_z"])
+    b.clean = clean_run(model, b.tokens, pf)
+    t = torch.arange(b.tokens.shape[1])[None]
+    after = (t <= b.answer[:, None]) & (t >= b.label_pos[:, None])
+    start = int(b.label_pos.min())
+    hook = [("blocks.2.attn.hook_z", head_hook(3, after, acts["blocks.2.attn.hook_z"]))]
+    cached = Runner(model, b, pf, at_pass=2)
+    whole = Runner(model, b, pf, at_pass=2)
+    whole.early = True  # the path an earlier pass takes: every pass run again, whole
+    a, b_ = cached(hook, start, 2), whole(hook, start, 2)
+    assert not cached.early and a[1] == start and b_[1] == 0
+    torch.testing.assert_close(_answer_logits(a[0], b, a[1]), _answer_logits(b_[0], b, 0),
+                               atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+def test_patch_command_in_an_earlier_pass(dm, tmp_path):
+    data = tmp_path / "dm.parquet"
+    generate_dataset("delayed_memory", data, n_groups=6, distractors=(1, 5), seed=3, twins=True)
+    out = tmp_path / "p"
+    r = CliRunner().invoke(app, ["patch", "--data", str(data), "--out", str(out), "--pass", "1",
+                                 "--kinds", "resid,path"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out / "patch.csv")
+    assert set(df["pass"]) == {1} and json.loads((out / "patch.json").read_text())["pass"] == 1
+    # pass 1 has no fed-back state: a path patch there changes nothing
+    paths = df[(df.intervention == "patch_path") & (df.metric == "logit_diff")]
+    np.testing.assert_allclose(paths.value, 1.0, atol=1e-4)
+    assert "recurrent prefill, pass 1" in r.output
