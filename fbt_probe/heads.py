@@ -6,6 +6,8 @@ example are kept, and one row of the pattern for a shown example:
 - ``prev_token``: the weight of position t on t - 1, averaged over the positions 1..read;
 - ``label``: the weight of the read position (whose next token is the answer) on the
   label-bearing token;
+- ``label_next``: its weight on the token after it, whose input from pass 2 on is fused with
+  the label-bearing token's state (the feedback's copy of the label);
 - ``row``: the read position's whole row (batch, head, key_pos), for the examples asked for.
 
 ``pair_weights`` gives the weight of any chosen query position on any chosen key position.
@@ -40,6 +42,7 @@ class HeadReads:
 
     prev_token: torch.Tensor
     label: torch.Tensor
+    label_next: torch.Tensor
     # example -> (passes, layers, heads, key_pos): its read position's row
     rows: dict[int, torch.Tensor]
 
@@ -48,11 +51,13 @@ class HeadReads:
 def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
                label: torch.Tensor, passes: int, show: tuple[int, ...] = ()) -> HeadReads:  # fmt: skip
     """tokens (batch, pos), right-padded; read, label (batch,): the read position and the
-    label-bearing token of each example; ``show``: the examples whose read row is kept."""
+    label-bearing token of each example (label < read); ``show``: the examples whose read row
+    is kept."""
     names = pattern_hooks(model)
     B, L, H = tokens.shape[0], model.cfg.n_layers, model.n_heads
     prev = torch.zeros(passes, L, B, H)
     lab = torch.zeros(passes, L, B, H)
+    nxt = torch.zeros(passes, L, B, H)
     rows = {j: torch.zeros(passes, L, H, int(read[j]) + 1) for j in show}
     r = torch.arange(B, device=tokens.device)
     t = torch.arange(1, tokens.shape[1], device=tokens.device)
@@ -63,13 +68,14 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
         diag = x.diagonal(offset=-1, dim1=-2, dim2=-1)  # (batch, head, pos - 1): t on t - 1
         prev[k, layer] = ((diag * upto[:, None]).sum(-1) / upto.sum(-1)[:, None]).float().cpu()
         lab[k, layer] = x[r, :, read, label].float().cpu()
+        nxt[k, layer] = x[r, :, read, (label + 1).clamp(max=x.shape[-1] - 1)].float().cpu()
         for j, row in rows.items():
             row[k, layer] = x[j, :, int(read[j]), : row.shape[-1]].float().cpu()
 
     hooks = [(n, functools.partial(hook, layer=i)) for i, n in enumerate(names)]
     with model.hooks(fwd_hooks=hooks):
         model(tokens, passes=passes, keep_all=False)
-    return HeadReads(prev, lab, rows)
+    return HeadReads(prev, lab, nxt, rows)
 
 
 @torch.inference_mode()

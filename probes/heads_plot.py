@@ -1,6 +1,6 @@
 """The attention figures, drawn from ``heads.csv`` and ``heads_pattern.csv`` alone: per task a
-grid of layer x head maps (previous-token share, attention to the label token, induction
-score) by pass, and the shown example's attention from the read position, pass by pass."""
+grid of layer x head maps (previous-token share, attention to the label token and to the token
+after it, induction score) by pass, and the shown example's attention from the read position, pass by pass."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from probes.plot import CMAP, save_figure  # noqa: E402
 from tasks.base import POOLED  # noqa: E402
 
 TITLES = {"prev_token": "previous token", "label": "read position -> label token",
+          "label_next": "read position -> the token after the label",
           "induction": "induction (repeated random tokens)"}  # fmt: skip
 MAX_PATTERN_HEADS = 32  # a larger model's pattern shows the heads that read the label most
 
@@ -57,7 +58,7 @@ def plot_heads(df: pd.DataFrame, pattern: pd.DataFrame, task: str, out: Path) ->
     """``heads_<task>`` and ``heads_pattern_<task>`` in ``out``; returns what was drawn."""
     passes = sorted(set(df[df.task == task]["pass"]))
     fig, axes = plt.subplots(len(TITLES), len(passes), squeeze=False,
-                             figsize=(3.8 * len(passes) + 1, 8.5))  # fmt: skip
+                             figsize=(3.8 * len(passes) + 1, 11))  # fmt: skip
     drawn = {}
     for i, measure in enumerate(TITLES):
         for j, k in enumerate(passes):

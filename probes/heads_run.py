@@ -7,6 +7,8 @@ Per task, pass, layer and head (``fbt_probe.heads``):
 - ``label``: the weight of the read position on the label-bearing token (the token where the
   counterfactual twin differs: delayed_memory's bit, done_tracking's count, the last write of
   multi_register's register);
+- ``label_next``: its weight on the token after the label-bearing one, whose block-0 input from
+  pass 2 on carries the label-bearing token's fed-back state;
 - ``induction``: the standard induction score on a random sequence repeated once (no task).
 
 The first two are given for all distractor counts pooled and for each count, with 95 %
@@ -35,7 +37,8 @@ from tasks.files import atomic_write
 
 COLUMNS = ["task", "measure", "pass", "layer", "head", "distractors", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
-MEASURES = ("prev_token", "label", "induction")
+MEASURES = ("prev_token", "label", "label_next", "induction")
+PER_EXAMPLE = MEASURES[:3]
 MAX_PASSES, INDUCTION_SEQS, INDUCTION_HALF = 16, 64, 24
 
 
@@ -49,20 +52,20 @@ def shown_example(counts: np.ndarray) -> int:
 
 def collect(model, pairs: Pairs, passes: int, show: int, batch_size: int, progress=None,
             task: str = "") -> dict:  # fmt: skip
-    """(passes, layers, pairs, heads) ``prev_token`` and ``label``, and the shown example's
+    """(passes, layers, pairs, heads) of each ``PER_EXAMPLE`` measure, and the shown example's
     rows (passes, layers, heads, key_pos)."""
     from probes.extract import max_batch_tokens
 
     device = next(model.parameters()).device
     L, H, n = model.cfg.n_layers, model.n_heads, len(pairs)
-    got = {m: np.zeros((passes, L, n, H), np.float32) for m in ("prev_token", "label")}
+    got = {m: np.zeros((passes, L, n, H), np.float32) for m in PER_EXAMPLE}
     bs = batches(pairs, batch_size, device, max_tokens=max_batch_tokens(model))
     row = None
     for k, b in enumerate(bs):
         mine = tuple(np.flatnonzero(b.idx == show))
         r = head_reads(model, b.tokens, b.answer, b.label_pos, passes, mine)
-        got["prev_token"][:, :, b.idx] = r.prev_token.numpy()
-        got["label"][:, :, b.idx] = r.label.numpy()
+        for m in PER_EXAMPLE:
+            got[m][:, :, b.idx] = getattr(r, m).numpy()
         if mine:
             row = r.rows[mine[0]].numpy()
         if progress is not None:
@@ -73,13 +76,13 @@ def collect(model, pairs: Pairs, passes: int, show: int, batch_size: int, progre
 
 def summarise(task: str, got: dict, pairs: Pairs, counts: np.ndarray, seed: int,
               n_boot: int = N_BOOT) -> list[dict]:  # fmt: skip
-    """Rows of ``COLUMNS`` for ``prev_token`` and ``label``, pooled and by count."""
+    """Rows of ``COLUMNS`` for the per-example measures, pooled and by count."""
     rows = []
     passes, L, n, H = got["label"].shape
     cells = [(POOLED, np.ones(n, bool))] + [(str(int(c)), counts == c) for c in np.unique(counts)]
     for cell, mask in cells:
         boot = GroupBootstrap(pairs.groups[mask], seed, n_boot)
-        for measure in ("prev_token", "label"):
+        for measure in PER_EXAMPLE:
             # (examples, passes * layers * heads): every head's interval from the same draws
             v = got[measure][:, :, mask].transpose(2, 0, 1, 3).reshape(int(mask.sum()), -1)
             rows += _rows(task, measure, cell, v, boot, (passes, L, H))

@@ -58,6 +58,8 @@ def test_the_hooks_reductions_equal_the_whole_pattern(default_model, hf_models, 
         prev = pat[:, :, b, :, t, t - 1].mean(-1)  # (P, L, H)
         torch.testing.assert_close(r.prev_token[:, :, b], prev, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(r.label[:, :, b], pat[:, :, b, :, read[b], label[b]])
+        nxt = pat[:, :, b, :, read[b], label[b] + 1]
+        torch.testing.assert_close(r.label_next[:, :, b], nxt)
     torch.testing.assert_close(r.rows[1], pat[:, :, 1, :, 9, :10])
     assert torch.allclose(pat.sum(-1), torch.ones(()), atol=1e-5)  # rows of a softmax
 
@@ -143,7 +145,8 @@ def test_a_hugging_face_pattern_is_read_only(hf_models):
     model = hf_models["llama"]
     toks = torch.randint(1, 40, (1, 5))
     with pytest.raises(ValueError, match="read-only on a Hugging Face model"):
-        model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda x, h: x * 0)])
+        zero = ("blocks.0.attn.hook_pattern", lambda x, hook: x * 0)
+        model.run_with_hooks(toks, fwd_hooks=[zero])
     # the next forward is the model's own again (the hook is gone, sdpa back)
     assert not model.blocks[0].attn.hook_pattern.fwd_hooks
     assert model.hf.config._attn_implementation == "sdpa"
@@ -211,8 +214,8 @@ def test_heads_command_on_the_default_model(tmp_path):
     model = resolve_model("default")[0]
     L, H = model.cfg.n_layers, model.n_heads
     df = pd.read_csv(out / "heads.csv", dtype={"distractors": str})
-    assert len(df) == 2 * L * H * (2 * 3 + 1)  # two measures x 3 cells, and induction
-    assert set(df.measure) == {"prev_token", "label", "induction"}
+    assert len(df) == 2 * L * H * (3 * 3 + 1)  # three measures x 3 cells, and induction
+    assert set(df.measure) == {"prev_token", "label", "label_next", "induction"}
     assert ((df.ci_low <= df.value + 1e-9) & (df.value <= df.ci_high + 1e-9)).all()
     assert df.value.between(0, 1).all()
     pat = pd.read_csv(out / "heads_pattern.csv")
