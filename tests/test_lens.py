@@ -61,6 +61,12 @@ def _check_reads_against_the_model(model):
     np.testing.assert_allclose(r.prob[:, 2, -1], logp[rows, answer].exp().numpy(), rtol=1e-4)
     expect_rank = (logp > logp[rows, answer][:, None]).sum(-1).numpy()
     assert (r.rank[:, 2, -1] == expect_rank).all()
+    # pass 1's output scored against the last pass's: the KL computed the textbook way
+    first = out.passes[0].logits_at(rows, at).float().log_softmax(-1)
+    kl = (logp.exp() * (logp - first)).sum(-1).numpy()
+    assert kl.min() > 1e-3  # the passes differ: the check can fail
+    np.testing.assert_allclose(r.kl[:, 0, -1], kl, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r.prob[:, 0, -1], first[rows, answer].exp().numpy(), rtol=1e-4)
 
 
 def test_the_logit_lens_at_the_last_depth_is_each_pass_output_on_the_default_model(default_model):
