@@ -138,8 +138,8 @@ def pattern_rows(task: str, model, pairs: Pairs, show: int, row: np.ndarray) -> 
 
 
 def headline(df: pd.DataFrame, task: str) -> str:
-    """The head that reads the label most in each pass, and the strongest previous-token and
-    induction heads."""
+    """The head that reads the label (and the token after it) most in each pass, and the
+    strongest previous-token and induction heads."""
 
     def top(measure, t, k):
         g = df[(df.task == t) & (df.measure == measure) & (df["pass"] == k)]
@@ -149,10 +149,11 @@ def headline(df: pd.DataFrame, task: str) -> str:
 
     passes = sorted(set(df[df.task == task]["pass"]))
     label = ", ".join(f"pass {k} {top('label', task, k)}" for k in passes)
+    nxt = ", ".join(f"pass {k} {top('label_next', task, k)}" for k in passes)
     last = passes[-1]
     return (f"{task}: the read position's strongest attention to the label token: {label}; "
-            f"previous-token head {top('prev_token', task, last)}; induction head "
-            f"{top('induction', '-', last)} (pass {last}).")  # fmt: skip
+            f"to the token after it: {nxt}; previous-token head {top('prev_token', task, last)}; "
+            f"induction head {top('induction', '-', last)} (pass {last}).")  # fmt: skip
 
 
 def heads(*, model: str = "default", task: str = "all", passes: int = 2,

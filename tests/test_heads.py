@@ -141,6 +141,31 @@ def test_hugging_face_head_hooks_are_the_models_own_tensors(hf_models, family):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_hugging_face_pattern_in_pass_2_is_the_models_own_on_the_fused_input(hf_models, family):
+    model = hf_models[family]
+    toks = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(2))
+    inputs = []  # what the wrapper gives the model in each pass (GPT-2 adds positions after)
+    h = model.hf.base_model.register_forward_pre_hook(
+        lambda mod, args, kwargs: inputs.append(kwargs["inputs_embeds"]), with_kwargs=True
+    )
+    try:
+        _, caches = model.run_with_pass_caches(toks, passes=2,
+                                               names_filter="blocks.1.attn.hook_pattern")  # fmt: skip
+    finally:
+        h.remove()
+    fused = inputs[1]
+    assert not torch.allclose(fused, inputs[0])  # pass 2 is fed back
+    pos = torch.arange(9)[None].expand(2, 9)
+    model.hf.config._attn_implementation = "eager"
+    try:
+        own = model.hf(inputs_embeds=fused, position_ids=pos, output_attentions=True).attentions[1]
+    finally:
+        model.hf.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(caches[1]["blocks.1.attn.hook_pattern"], own, atol=1e-6, rtol=1e-5)
+
+
+@torch.no_grad()
 def test_a_hugging_face_pattern_is_read_only(hf_models):
     model = hf_models["llama"]
     toks = torch.randint(1, 40, (1, 5))
