@@ -126,8 +126,9 @@ def pattern_rows(task: str, model, pairs: Pairs, show: int, row: np.ndarray) -> 
     """The shown example's read row, long: one line per pass, layer, head and key position."""
     ids = pairs.tokens[show][: int(pairs.answer[show]) + 1]
     enc = getattr(model, "encoding", None)
+    # a tokenizer's pieces as text (its byte-level symbols, such as 'Ġ' for a space, are not)
     words = (vocab.decode(ids).split(" ") if enc is None
-             else enc.tok.convert_ids_to_tokens([int(i) for i in ids]))  # fmt: skip
+             else [enc.tok.decode([int(i)]).strip() or repr(enc.tok.decode([int(i)])) for i in ids])  # fmt: skip
     passes, L, H, T = row.shape
     k, layer, h, pos = np.meshgrid(*(np.arange(x) for x in row.shape), indexing="ij")
     return pd.DataFrame({"task": task, "pass": k.ravel() + 1, "layer": layer.ravel(),
