@@ -80,6 +80,13 @@ def eager(label: str, total: int):
     return bars(label, total, delay=0.0)
 
 
+def verb(label: str, run, **kwargs) -> None:
+    """Run a library function that reports progress and returns (result, summary lines)."""
+    with eager(label, 1) as bar:
+        _, lines = run(progress=bar, **kwargs)
+    typer.echo("\n".join(lines))
+
+
 def argv() -> list[str]:
     return ["fbt-probe", *sys.argv[1:]]
 
@@ -107,6 +114,8 @@ INIT_FROM = typer.Option(None, "--init-from", help="Start from this model folder
                          "Face folder is upcycled with its own architecture; docs/hf.md).")  # fmt: skip
 DATA = typer.Option(None, "--data", help="A dataset file (its task is used); default "
                     "data/<task>.parquet, generated if absent.")  # fmt: skip
+BATCH = typer.Option(64, "--batch-size", min=1, help="Examples per batch.")
+TWIN_DATA = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet).")
 MAX_MINUTES = typer.Option(0.0, "--max-minutes", min=0.0, help="Stop after this much wall time "
                            "with a checkpoint (0 = no limit); --resume continues.")  # fmt: skip
 
@@ -431,20 +440,18 @@ def lens(
                                "groups (saved in OUT/tuned_lens)."),
     tuned_lens: Path = typer.Option(None, "--tuned-lens", help="Read through this saved tuned lens instead."),
     seed: int = typer.Option(0, "--seed", help="Which groups fit the tuned lens; bootstrap seed."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    batch_size: int = BATCH,
     device: str = DEVICE,
 ) -> None:  # fmt: skip
     """What does each (pass, depth) say? The logit and tuned lenses at the colon and the fed-back
     state through the head: KL to the last pass's output, the answer's probability and rank.
 
     Library: probes.lens_run.lens."""
-    from probes.lens_run import lens as run_lens
+    from probes.lens_run import lens as run
 
-    with eager("lens", 1) as bar:
-        _, lines = run_lens(model=model, task=task, passes=passes, position=position, data=data,
-                            out=out, tuned=tuned, tuned_lens=tuned_lens, seed=seed,
-                            batch_size=batch_size, device=device, progress=bar)  # fmt: skip
-    typer.echo("\n".join(lines))
+    verb("lens", run, model=model, task=task, passes=passes, position=position, data=data,
+         out=out, tuned=tuned, tuned_lens=tuned_lens, seed=seed, batch_size=batch_size,
+         device=device)  # fmt: skip
 
 
 @app.command()
@@ -456,7 +463,7 @@ def trajectory(
     data: Path = DATA,
     out: Path = typer.Option(Path("results/trajectory"), "--out", "-o", help="Output folder."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    batch_size: int = BATCH,
     device: str = DEVICE,
 ) -> None:  # fmt: skip
     """How do the states move over passes? Distance to the last pass by position, the answer
@@ -465,10 +472,8 @@ def trajectory(
     Library: probes.trajectory_run.trajectory."""
     from probes.trajectory_run import trajectory as run
 
-    with eager("trajectory", 1) as bar:
-        _, lines = run(model=model, task=task, passes=passes, data=data, out=out, seed=seed,
-                       batch_size=batch_size, device=device, progress=bar)  # fmt: skip
-    typer.echo("\n".join(lines))
+    verb("trajectory", run, model=model, task=task, passes=passes, data=data, out=out, seed=seed,
+         batch_size=batch_size, device=device)  # fmt: skip
 
 
 @app.command()
@@ -485,10 +490,10 @@ def patch(
                               "last); an earlier one reaches the answer through the feedback."),
     depths: str = typer.Option(None, "--depths", help="The residual's depths: 'all' or a list "
                                "(default: 5 evenly spaced, every one of the built-in model)."),
-    data: Path = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet)."),
+    data: Path = TWIN_DATA,
     out: Path = typer.Option(Path("results/patch"), "--out", "-o", help="Output folder."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    batch_size: int = BATCH,
     device: str = DEVICE,
 ) -> None:  # fmt: skip
     """Where does the label's difference live? Patch the twin's residual, heads or the fed-back
@@ -497,11 +502,8 @@ def patch(
     Library: probes.patch_run.patch."""
     from probes.patch_run import patch as run
 
-    with eager("patch", 1) as bar:
-        _, lines = run(model=model, task=task, prefill=prefill, kinds=kinds, pass_=pass_, depths=depths,
-                       data=data, out=out, seed=seed, batch_size=batch_size, device=device,
-                       progress=bar)  # fmt: skip
-    typer.echo("\n".join(lines))
+    verb("patch", run, model=model, task=task, prefill=prefill, kinds=kinds, pass_=pass_,
+         depths=depths, data=data, out=out, seed=seed, batch_size=batch_size, device=device)  # fmt: skip
 
 
 @app.command()
@@ -510,10 +512,10 @@ def heads(
     model: str = MODEL,
     task: str = TASKS,
     passes: int = typer.Option(2, "--passes", "-k", help="Jacobi passes read (1..16)."),
-    data: Path = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet)."),
+    data: Path = TWIN_DATA,
     out: Path = typer.Option(Path("results/heads"), "--out", "-o", help="Output folder."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed and the induction test's tokens."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Examples per batch."),
+    batch_size: int = BATCH,
     device: str = DEVICE,
 ) -> None:  # fmt: skip
     """Attention by pass: each head's share on the previous token and, from the answer
@@ -522,10 +524,8 @@ def heads(
     Library: probes.heads_run.heads."""
     from probes.heads_run import heads as run
 
-    with eager("heads", 1) as bar:
-        _, lines = run(model=model, task=task, passes=passes, data=data, out=out, seed=seed,
-                       batch_size=batch_size, device=device, progress=bar)  # fmt: skip
-    typer.echo("\n".join(lines))
+    verb("heads", run, model=model, task=task, passes=passes, data=data, out=out, seed=seed,
+         batch_size=batch_size, device=device)  # fmt: skip
 
 
 @app.command()
