@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import typer
@@ -27,7 +26,6 @@ seeds_app = typer.Typer(no_args_is_help=True, help="Seed studies: one recipe on 
 app.add_typer(seeds_app, name="seeds")
 
 USER_ERRORS = (ValueError, OSError, KeyError)
-CLEANUP_S = 30  # after SIGTERM, the most time the clean-up gets before the process exits
 DEBUG_ENV = "FBT_DEBUG"  # set to 1 to see the traceback of an unexpected error
 
 
@@ -554,17 +552,8 @@ def main() -> None:
     """Console entry point: usage errors also become one line; SIGTERM cleans up as Ctrl-C
     does (partial files are removed) and exits 130 with one line."""
     import signal
-    import threading
 
     def terminated(signum, frame):
-        # a job scheduler's SIGTERM must end the process: if the clean-up the interrupt
-        # starts has not finished in CLEANUP_S (a rare hang seen once in CI), exit anyway
-        def watchdog():
-            time.sleep(CLEANUP_S)
-            typer.echo(f"\nerror: aborted (clean-up did not finish in {CLEANUP_S} s)", err=True)
-            os._exit(130)
-
-        threading.Thread(target=watchdog, daemon=True).start()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminated)
