@@ -624,7 +624,11 @@ def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path
     out = tmp_path / "run"
     cmd = [sys.executable, "-c", "import cli; cli.main()", "train", "-c", "tiny", "--set",
            "steps=100000", "--set", "run.checkpoint_every=1", "--out", str(out)]  # fmt: skip
-    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+    # Ctrl-C in a terminal reaches a process whose SIGINT is the default; a runner started in
+    # the background by a non-interactive shell passes SIGINT on ignored, and Python then never
+    # raises KeyboardInterrupt: give the child the terminal's disposition
+    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     t0 = time.monotonic()
     while not (out / "state.pt").exists() and p.poll() is None and time.monotonic() - t0 < 120:
         time.sleep(0.01)  # until it has checkpointed once: it is mid-run
