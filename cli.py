@@ -519,7 +519,8 @@ def heads(
     device: str = DEVICE,
 ) -> None:  # fmt: skip
     """Attention by pass: each head's share on the previous token and, from the answer
-    position, on the label token; an induction score; one example's pattern pass by pass.
+    position, on the label token and the token after it (where the label's fed-back state
+    enters); an induction score; one example's pattern pass by pass.
 
     Library: probes.heads_run.heads."""
     from probes.heads_run import heads as run
