@@ -36,6 +36,16 @@ def pattern_hooks(model: FeedbackModel) -> list[str]:
     return [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
 
 
+def read_patterns(model: FeedbackModel, tokens: torch.Tensor, passes: int, read) -> None:
+    """A ``passes``-pass forward of ``tokens`` with ``read(pattern, pass, layer)`` called on
+    every layer's pattern (batch, head, query_pos, key_pos) in every pass."""
+    hooks = [(name, functools.partial(lambda x, hook, layer: read(x, hook.ctx["pass"], layer),
+                                      layer=i))
+             for i, name in enumerate(pattern_hooks(model))]  # fmt: skip
+    with model.hooks(fwd_hooks=hooks):
+        model(tokens, passes=passes, keep_all=False)
+
+
 @dataclass
 class HeadReads:
     """Per pass, layer, example and head: (passes, layers, batch, heads)."""
@@ -53,7 +63,7 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
     """tokens (batch, pos), right-padded; read, label (batch,): the read position and the
     label-bearing token of each example (label < read); ``show``: the examples whose read row
     is kept."""
-    names = pattern_hooks(model)
+    pattern_hooks(model)  # refuses a model without per-head hooks before any work
     B, L, H = tokens.shape[0], model.cfg.n_layers, model.n_heads
     prev = torch.zeros(passes, L, B, H)
     lab = torch.zeros(passes, L, B, H)
@@ -63,8 +73,7 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
     t = torch.arange(1, tokens.shape[1], device=tokens.device)
     upto = (t[None] <= read[:, None]).float()  # (batch, pos - 1): positions 1..read
 
-    def hook(x, hook, layer):  # x: (batch, head, query_pos, key_pos)
-        k = hook.ctx["pass"]
+    def reduce(x, k, layer):  # x: (batch, head, query_pos, key_pos)
         diag = x.diagonal(offset=-1, dim1=-2, dim2=-1)  # (batch, head, pos - 1): t on t - 1
         prev[k, layer] = ((diag * upto[:, None]).sum(-1) / upto.sum(-1)[:, None]).float().cpu()
         lab[k, layer] = x[r, :, read, label].float().cpu()
@@ -72,9 +81,7 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
         for j, row in rows.items():
             row[k, layer] = x[j, :, int(read[j]), : row.shape[-1]].float().cpu()
 
-    hooks = [(n, functools.partial(hook, layer=i)) for i, n in enumerate(names)]
-    with model.hooks(fwd_hooks=hooks):
-        model(tokens, passes=passes, keep_all=False)
+    read_patterns(model, tokens, passes, reduce)
     return HeadReads(prev, lab, nxt, rows)
 
 
@@ -83,17 +90,15 @@ def pair_weights(model: FeedbackModel, tokens: torch.Tensor, query: torch.Tensor
                  key: torch.Tensor, passes: int) -> torch.Tensor:  # fmt: skip
     """(passes, layers, batch, n, heads): every head's weight of query position
     ``query[b, i]`` on key position ``key[b, i]`` (both (batch, n)), in every pass."""
-    names = pattern_hooks(model)
+    pattern_hooks(model)
     B, n = query.shape
     out = torch.zeros(passes, model.cfg.n_layers, B, n, model.n_heads)
     r = torch.arange(B, device=tokens.device)[:, None].expand(B, n)
 
-    def hook(x, hook, layer):  # x: (batch, head, query_pos, key_pos)
-        out[hook.ctx["pass"], layer] = x.permute(0, 2, 3, 1)[r, query, key].float().cpu()
+    def reduce(x, k, layer):  # x: (batch, head, query_pos, key_pos)
+        out[k, layer] = x.permute(0, 2, 3, 1)[r, query, key].float().cpu()
 
-    hooks = [(name, functools.partial(hook, layer=i)) for i, name in enumerate(names)]
-    with model.hooks(fwd_hooks=hooks):
-        model(tokens, passes=passes, keep_all=False)
+    read_patterns(model, tokens, passes, reduce)
     return out
 
 
@@ -112,17 +117,15 @@ def induction_scores(model: FeedbackModel, tokens: torch.Tensor, half: int,
     """(passes, layers, n_seq, heads): on ``repeated_tokens`` (with BOS or not: the repeat
     is the last ``2 * half`` positions), the mean weight of each token of the second copy on
     the token after its first occurrence."""
-    names = pattern_hooks(model)
+    pattern_hooks(model)
     n, T = tokens.shape
     start = T - half  # the first position of the second copy
     out = torch.zeros(passes, model.cfg.n_layers, n, model.n_heads)
 
-    def hook(x, hook, layer):
+    def reduce(x, k, layer):
         # query t >= start attends to t - half + 1: the diagonal at offset 1 - half
         d = x.diagonal(offset=1 - half, dim1=-2, dim2=-1)  # query positions half - 1 .. T - 1
-        out[hook.ctx["pass"], layer] = d[..., start - (half - 1) :].mean(-1).float().cpu()
+        out[k, layer] = d[..., start - (half - 1) :].mean(-1).float().cpu()
 
-    hooks = [(name, functools.partial(hook, layer=i)) for i, name in enumerate(names)]
-    with model.hooks(fwd_hooks=hooks):
-        model(tokens, passes=passes, keep_all=False)
+    read_patterns(model, tokens, passes, reduce)
     return out

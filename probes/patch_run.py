@@ -123,14 +123,18 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
                 at_pass: int | None = None) -> int:  # fmt: skip
     """Every patch of ``kinds`` on one batch (residuals at the depths ``at``) in pass
     ``at_pass`` (0 = pass 1; None: the last), into ``rec``; returns the number of runs."""
-    L = model.cfg.n_layers
-    depth, z = model.depth_hooks(), [f"blocks.{i}.attn.hook_z" for i in range(L)]
-    names = depth + (z if "head" in kinds else []) + ([STATE_HOOK] if "path" in kinds else [])
-    b.clean = clean_run(model, b.tokens, pf)
+    z = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
+    names = (
+        model.depth_hooks()
+        + (z if "head" in kinds else [])
+        + ([STATE_HOOK] if "path" in kinds else [])
+    )
+    runner = Runner(model, b, pf, at_pass)
+    # an earlier pass runs every pass again whole: it needs no kept keys and values
+    b.clean = clean_run(model, b.tokens, pf, keep_cache=not runner.early)
     twin_out, acts = twin_acts(model, b, pf, names, at_pass)
     rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
     rec.put(TWIN, b.idx, _answer_logits(twin_out, b, 0, twin=True), pairs)
-    runner = Runner(model, b, pf, at_pass)
     runs = plan_runs(model, b, kinds, acts, at, runner)
     for key, start, hooks, layer in runs:
         out, first = runner(hooks, start, layer)
