@@ -9,6 +9,7 @@ without changing what any row sees. ``stream_digest`` fingerprints a recipe's wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -73,17 +74,22 @@ def make_batch(examples: list[Example], pad_to: int | None = None, encoding=None
     else:
         enc = [encoding.encode(ex) for ex in examples]
         ids, colons = [e.ids for e in enc], [e.colon_index for e in enc]
-    T = max(max(len(x) for x in ids), pad_to or 0)
-    tokens = torch.full((len(ids), T), vocab.PAD_ID, dtype=torch.long)
-    targets = torch.full((len(ids), T), -100, dtype=torch.long)
-    answer = torch.zeros((len(ids), T), dtype=torch.bool)
-    for i, (x, c) in enumerate(zip(ids, colons, strict=True)):
-        tokens[i, : len(x)] = torch.tensor(x)
-        targets[i, : len(x) - 1] = torch.tensor(x[1:])
-        answer[i, c : len(x) - 1] = True
-    lengths = torch.tensor([len(x) for x in ids])
-    prompt_len = torch.tensor([c + 1 for c in colons])
-    return TrainBatch(tokens, targets, answer, lengths, prompt_len, [ex.task for ex in examples])
+    # built as whole arrays, not row by row: batches are drawn every step (and a recipe's
+    # whole stream for its digest), where a tensor per row cost more than the sampling
+    n = np.array([len(x) for x in ids], dtype=np.int64)
+    c = np.array(colons, dtype=np.int64)
+    T = max(int(n.max()), pad_to or 0)
+    pos = np.arange(T)
+    inside = pos < n[:, None]
+    tokens = np.full((len(ids), T), vocab.PAD_ID, dtype=np.int64)
+    tokens[inside] = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(n.sum()))
+    targets = np.full((len(ids), T), -100, dtype=np.int64)
+    scored = pos[:-1] < (n - 1)[:, None]  # every position but the last predicts the next token
+    targets[:, :-1] = np.where(scored, tokens[:, 1:], -100)
+    answer = (pos >= c[:, None]) & (pos < (n - 1)[:, None])
+    return TrainBatch(torch.from_numpy(tokens), torch.from_numpy(targets),
+                      torch.from_numpy(answer), torch.from_numpy(n), torch.from_numpy(c + 1),
+                      [ex.task for ex in examples])  # fmt: skip
 
 
 def step_rng(cfg: TrainConfig, step: int) -> np.random.Generator:

@@ -83,7 +83,7 @@ def rng_for(seed: int, task: str, stream: int, *path: int) -> np.random.Generato
 
 
 def distractor_words(rng: np.random.Generator, n: int) -> list[str]:
-    return [vocab.DISTRACTORS[i] for i in rng.integers(0, len(vocab.DISTRACTORS), size=n)]
+    return [vocab.DISTRACTORS[i] for i in rng.integers(0, len(vocab.DISTRACTORS), size=n).tolist()]
 
 
 def interleave(rng: np.random.Generator, events: list[tuple[str, ...]], n: int) -> list[str]:
@@ -91,11 +91,12 @@ def interleave(rng: np.random.Generator, events: list[tuple[str, ...]], n: int) 
     fill = distractor_words(rng, n)
     slots = np.sort(rng.choice(n + len(events), size=len(events), replace=False))
     out: list[str] = []
-    ev = iter(events)
-    fi = iter(fill)
-    slot_set = set(slots.tolist())
-    for i in range(n + len(events)):
-        out.extend(next(ev) if i in slot_set else (next(fi),))
+    start = 0  # event j sits at slot s: s - j distractors come before it
+    for j, (s, event) in enumerate(zip(slots.tolist(), events, strict=True)):
+        out.extend(fill[start : s - j])
+        out.extend(event)
+        start = s - j
+    out.extend(fill[start:])
     return out
 
 

@@ -94,8 +94,15 @@ class TrainingStream:
             center = int(rng.integers(0, n_max + 1))
         lo = max(0, center - self.width // 2)
         hi = min(n_max, lo + self.width)
+        # rng.choice(len(tasks), p=probs) spelled out as numpy computes it (the cdf, one
+        # uniform draw, searchsorted): the same draws, without choice's per-call checks,
+        # which cost more than the rest of the sampling.
+        if (probs < 0).any() or abs(probs.sum() - 1.0) > 1.5e-8:
+            raise ValueError(f"task shares must be probabilities that sum to 1, got {shares}")
+        cdf = probs.cumsum()
+        cdf /= cdf[-1]
         for _ in range(size):
-            i = int(rng.choice(len(self.tasks), p=probs))
+            i = int(cdf.searchsorted(rng.random(), side="right"))
             n = int(rng.integers(lo, hi + 1))
             out.append(self._mods[i].sample(rng, n, params[i]))
         return out

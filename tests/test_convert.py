@@ -6,26 +6,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
+from cli import app  # noqa: E402
 from fbt_probe.convert import SOURCE, file_sha256, folder_weights_digest, packaged_gguf  # noqa: E402
 from fbt_probe.hf import load_hf  # noqa: E402
 from fbt_probe.hf_tiny import write_tiny_gguf  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)  # fmt: skip
+def cli(*args):
+    """The command in this process (as ``fbt-probe`` runs it, without a new interpreter's
+    imports); ``returncode``, ``stdout`` and ``stderr`` as a finished process has them."""
+    r = CliRunner().invoke(app, list(map(str, args)))
+    return SimpleNamespace(returncode=r.exit_code, stdout=r.stdout, stderr=r.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +113,7 @@ def smollm2(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_smollm2_converts_and_says_paris(smollm2):
     rec = json.loads((smollm2 / SOURCE).read_text())
     assert rec["architecture"] == "LlamaForCausalLM"

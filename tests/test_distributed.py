@@ -172,6 +172,7 @@ def test_fsdp_needs_two_ranks(tmp_path):
         train(_cfg(**{"run.fsdp": True}), tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_torchrun_runs_the_train_command(tmp_path):
     # as a user runs it: torchrun starts two processes of the command line
     import subprocess

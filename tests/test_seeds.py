@@ -21,6 +21,7 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+@pytest.mark.slow
 def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
     cfg = load_recipe("tiny").with_overrides({"steps": 6, "run.eval_every": 1000})
     calls = []

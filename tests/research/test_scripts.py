@@ -55,6 +55,7 @@ def test_full_recurrence_errors_match_eval():
 @pytest.mark.skipif(
     not (DEFAULT_MODEL_DIR / "model.safetensors").is_file(), reason="no default model"
 )
+@pytest.mark.slow
 def test_full_recurrence_errors_of_the_default_model():
     # the shipped model is mostly right (full recurrence 0.944 on eval's 432 prompts; 8 of
     # these 144 wrong): its few errors, and pass 1 against standard decoding
@@ -162,6 +163,7 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
 @pytest.mark.skipif(
     not (DEFAULT_MODEL_DIR / "model.safetensors").is_file(), reason="no default model"
 )
+@pytest.mark.slow
 def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path, capsys):
     from probes.run import run_fit
     from tasks.dataset import load
