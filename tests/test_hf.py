@@ -215,16 +215,20 @@ def test_a_hugging_face_stack_is_never_started_from_a_depth(model):
         patched_run(model, c, 1, [], from_layer=1)
 
 
-def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path):
-    import subprocess
+def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path, monkeypatch):
+    import runpy
     import sys
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "tiny_hf_model.py"
     out = tmp_path / "m"
-    r = subprocess.run([sys.executable, str(script), str(out), "--family", "gpt2"],
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+
+    def run(*args):  # as `python scripts/tiny_hf_model.py ARGS` runs it, in this process
+        monkeypatch.setattr(sys, "argv", [str(script), *map(str, args)])
+        runpy.run_path(str(script), run_name="__main__")
+
+    run(out, "--family", "gpt2")
     model, _ = resolve_model(str(out))
     assert model.cfg.architecture == "GPT2LMHeadModel" and model.encoding is not None
-    again = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True)
-    assert again.returncode == 1 and "exists" in again.stderr
+    with pytest.raises(SystemExit) as again:  # sys.exit("error: ..."): exit status 1
+        run(out)
+    assert "exists" in str(again.value.code)
