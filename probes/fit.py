@@ -166,3 +166,25 @@ def permute_by_group(y: np.ndarray, groups: np.ndarray, seed: int) -> np.ndarray
     perm = np.random.default_rng(seed).permutation(len(ug))
     mapping = dict(zip(ug.tolist(), labels[perm].tolist(), strict=True))
     return np.array([mapping[g] for g in groups.tolist()], dtype=y.dtype)
+
+
+def fit_cell(X, y, groups, seed, folds, C=None, probe="logistic") -> dict:
+    """One probe cell: nested CV (C None) or fixed C; returns the row's numbers. It lives
+    here, beside what it calls, because ``fit`` runs it in worker processes: unpickling it
+    imports this module (numpy and scikit-learn), not the model code (torch)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    # Probes on features that carry no signal (random init, permuted labels) often stop at
+    # max_iter; the warning would drown the output and says nothing about the result.
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    splits = grouped_splits(y, groups, folds, seed)
+    res = cross_validate(X, y, splits, groups=groups, C=C, probe=probe)
+    lo, hi = bootstrap_ci(res.correct, groups, seed)
+    cs = [c for c in res.Cs if c == c]
+    return {
+        "accuracy": res.accuracy, "ci_low": lo, "ci_high": hi, "chance": res.chance,
+        "majority": res.majority, "n_examples": int(len(y)), "n_groups": int(len(np.unique(groups))),
+        "C": float(np.median(cs)) if cs else float("nan"),
+    }  # fmt: skip

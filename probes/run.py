@@ -27,7 +27,7 @@ from fbt_probe.model import FeedbackModel
 from fbt_probe.prefill import PREFILLS, parse_prefill
 from fbt_probe.registry import random_init_like
 from probes.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
-from probes.fit import N_FOLDS, bootstrap_ci, cross_validate, grouped_splits, permute_by_group
+from probes.fit import N_FOLDS, fit_cell, permute_by_group
 from probes.probe import probe_class
 from tasks import TASK_NAMES, get_task, stratum, target_names, task_names, vocab
 from tasks.base import POOLED
@@ -375,26 +375,6 @@ def prefetch_features(model, tasks, prefills, data=None, sites=(RESID,), control
     extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
 
 
-def _cell(X, y, groups, seed, folds, C=None, probe="logistic"):
-    """One probe cell: nested CV (C None) or fixed C; returns the row's numbers."""
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
-
-    # Probes on features that carry no signal (random init, permuted labels) often stop at
-    # max_iter; the warning would drown the output and says nothing about the result.
-    warnings.filterwarnings("ignore", category=ConvergenceWarning)
-    splits = grouped_splits(y, groups, folds, seed)
-    res = cross_validate(X, y, splits, groups=groups, C=C, probe=probe)
-    lo, hi = bootstrap_ci(res.correct, groups, seed)
-    cs = [c for c in res.Cs if c == c]
-    return {
-        "accuracy": res.accuracy, "ci_low": lo, "ci_high": hi, "chance": res.chance,
-        "majority": res.majority, "n_examples": int(len(y)), "n_groups": int(len(np.unique(groups))),
-        "C": float(np.median(cs)) if cs else float("nan"),
-    }  # fmt: skip
-
-
 def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
     if not specs:
         return []
@@ -403,7 +383,7 @@ def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
     for s in range(0, len(specs), chunk):
         part = specs[s : s + chunk]
         res = Parallel(n_jobs=n_jobs)(
-            delayed(_cell)(X, y, g, seed, folds, c.C, probe) for c, X, y, g in part
+            delayed(fit_cell)(X, y, g, seed, folds, c.C, probe) for c, X, y, g in part
         )
         for (c, *_), r in zip(part, res, strict=True):
             row = asdict(c)

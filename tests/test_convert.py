@@ -20,6 +20,7 @@ from fbt_probe.convert import SOURCE, file_sha256, folder_weights_digest, packag
 from fbt_probe.hf import load_hf  # noqa: E402
 from fbt_probe.hf_tiny import write_tiny_gguf  # noqa: E402
 
+
 def cli(*args):
     """The command in this process (as ``fbt-probe`` runs it, without a new interpreter's
     imports); ``returncode``, ``stdout`` and ``stderr`` as a finished process has them."""
