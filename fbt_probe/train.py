@@ -389,6 +389,7 @@ class TrainState:
     step: int = 0
     history: list = field(default_factory=list)
     fsdp: bool = False
+    identity: str = ""  # run_identity(cfg): which recipe and seed wrote the checkpoint
 
     def save(self, path: Path, world: World) -> dict | None:
         """Write ``path`` (rank 0); under FSDP every rank gathers the shards first and the
@@ -400,7 +401,7 @@ class TrainState:
             msd, osd = full_states(self.model, self.opt)
         if world.main:
             state = {"model": msd, "opt": osd if self.fsdp else self.opt.state_dict(),
-                     "step": self.step, "history": self.history}  # fmt: skip
+                     "step": self.step, "history": self.history, "identity": self.identity}  # fmt: skip
             atomic_write(path, lambda tmp: torch.save(state, tmp))
         return msd if self.fsdp else None
 
@@ -451,8 +452,62 @@ def check_run(cfg: TrainConfig, out: Path, resume: bool, world: World, dev) -> N
         raise ValueError("run.fsdp shards over the ranks: start 2 or more with torchrun")
 
 
+def run_identity(cfg: TrainConfig) -> str:
+    """The SHA-256 of the recipe as trained (seed included, sharding not: a run may be
+    resumed with or without FSDP); a checkpoint records it, so one that another recipe or
+    seed wrote, or a recipe edited since, is refused on resume."""
+    import hashlib
+
+    text = json.dumps(without_sharding(cfg).to_dict(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+CHECKPOINT_KEYS = ("model", "opt", "step", "history")
+
+
+def check_resume(cfg: TrainConfig, out: Path, dev) -> dict:
+    """The checkpoint to resume, after every check a resumed run needs, each refusal one
+    line naming the file: nothing in ``out`` changes before they pass."""
+    if without_sharding(saved_train_config(out)) != without_sharding(cfg):
+        raise ValueError(f"{out} was trained with a different config; resume it with the same one")
+    path = out / "state.pt"
+    saved = TrainState.read(path, dev)
+    if not isinstance(saved, dict) or not all(k in saved for k in CHECKPOINT_KEYS):
+        raise ValueError(f"{path} is not a training checkpoint of fbt-probe (it needs "
+                         f"{', '.join(CHECKPOINT_KEYS)})")  # fmt: skip
+    step, history = saved["step"], saved["history"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= cfg.steps:
+        raise ValueError(f"{path} is at step {step!r}, outside this run's 0..{cfg.steps}")
+    if (
+        not isinstance(history, list)
+        or len(history) != step
+        or not isinstance(saved["model"], dict)
+    ):
+        raise ValueError(f"{path} is damaged: its history does not hold its {step} steps")
+    if saved.get("identity", run_identity(cfg)) != run_identity(cfg):
+        raise ValueError(f"{path} was written by another recipe or seed than "
+                         f"{out / 'train_config.json'} (edited since, or copied from another run)")  # fmt: skip
+    check_saved_weights(out / "model")
+    return saved
+
+
+def check_saved_weights(folder: Path) -> None:
+    """The weights a run folder's ``model/`` holds can be read (a resumed run replaces them
+    only at its end: a damaged file is refused before, not found after)."""
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else ():
+        try:
+            with safe_open(str(f), framework="pt") as w:
+                for k in w.keys():
+                    w.get_slice(k)
+        except Exception as e:  # safetensors raises its own error types
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{f} cannot be read ({first})") from None
+
+
 def start_state(
-    cfg: TrainConfig, out: Path, resume: bool, world: World, dev
+    cfg: TrainConfig, out: Path, saved: dict | None, world: World, dev
 ) -> tuple[TrainState, dict]:
     """The run's state (fresh, or from its checkpoint) and the parameters each frozen prefix
     names; the run folder is made here, after every check."""
@@ -465,20 +520,15 @@ def start_state(
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
     model.train()
-    saved = None
-    if resume:
-        if without_sharding(saved_train_config(out)) != without_sharding(cfg):
-            raise ValueError(
-                f"{out} was trained with a different config; resume it with the same one"
-            )
-        saved = TrainState.read(out / "state.pt", dev)
+    if saved is not None:
         load_learned(model, saved["model"], out / "state.pt")  # before any sharding
     if cfg.run.fsdp:
         from fbt_probe.distributed import shard_model
 
         shard_model(model)
         frozen = frozen_parameters(model, cfg.schedule)  # the sharded parameters now
-    state = TrainState(model, make_optimizer(model, cfg), fsdp=cfg.run.fsdp)
+    state = TrainState(model, make_optimizer(model, cfg), fsdp=cfg.run.fsdp,
+                       identity=run_identity(cfg))  # fmt: skip
     if saved is not None:
         state.load_optimizer(saved)
     return state, frozen
@@ -705,8 +755,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress=
     out, world = Path(out_dir), world or World()
     dev = rank_device_of(device, world)  # before anything is written
     check_run(cfg, out, resume, world, dev)
+    saved = check_resume(cfg, out, dev) if resume else None
     world.barrier()  # every rank has checked before rank 0 writes anything
-    state, frozen = start_state(cfg, out, resume, world, dev)
+    state, frozen = start_state(cfg, out, saved, world, dev)
     if world.main:
         record_start(cfg, out, argv)
     net = parallel(state.model, world, cfg.run.fsdp)

@@ -9,6 +9,7 @@ say how and why they depart from it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 
 from fbt_probe.config import FBTConfig, typed_fields
@@ -22,6 +23,30 @@ LEARN = ("all", "fusion")
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(f"invalid TrainConfig: {msg}")
+
+
+def refuse_non_finite(d, where: str = "") -> None:
+    """A NaN or infinite number anywhere in a config dict is refused by its dotted key
+    (``optim.lr``, ``schedule.1.passes.0``): no range check can catch NaN, which compares
+    false with everything, and an infinite weight overflows only steps later."""
+    items = (
+        d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list | tuple) else ()
+    )
+    for k, v in items:
+        key = f"{where}.{k}" if where else str(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"invalid TrainConfig: {key} is {v}; it must be a finite number")
+        refuse_non_finite(v, key)
+
+
+def check_name(name) -> None:
+    """A run's name is one path component: the run folder is runs/<name>."""
+    _need(
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0"),
+        f"name must be one folder name (no '/', not '..'), got {name!r}",
+    )
 
 
 @dataclass(frozen=True)
@@ -42,12 +67,15 @@ class OptimConfig:
 
     def __post_init__(self):
         _need(self.learn in LEARN, f"optim.learn must be one of {LEARN}, got {self.learn!r}")
-        _need(self.lr > 0 and 0 < self.min_lr_frac <= 1, "optim: lr > 0 and 0 < min_lr_frac <= 1")
+        _need(0 < self.lr <= 1, f"optim.lr must be in (0, 1], got {self.lr}")
+        _need(
+            0 < self.min_lr_frac <= 1,
+            f"optim.min_lr_frac must be in (0, 1], got {self.min_lr_frac}",
+        )
         _need(self.accum >= 1, "optim.accum must be >= 1")
         _need(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
-        _need(
-            self.weight_decay >= 0 and self.grad_clip > 0, "optim: weight_decay >= 0, grad_clip > 0"
-        )
+        _need(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _need(self.grad_clip > 0, f"optim.grad_clip must be > 0, got {self.grad_clip}")
 
 
 @dataclass(frozen=True)
@@ -208,7 +236,12 @@ class TrainConfig:
     init_from: str = ""
 
     def __post_init__(self):
+        check_name(self.name)
+        refuse_non_finite(self.to_dict())
         _need(self.steps >= 1, "steps must be >= 1")
+        _need(
+            self.model.init_std <= 1, f"model.init_std must be in (0, 1], got {self.model.init_std}"
+        )
         validate(self.schedule)
         _need(
             self.model.smear_keys or all(p.smear is None for p in self.schedule),
@@ -260,6 +293,7 @@ class TrainConfig:
         an unknown key or a wrongly typed value is a one-line ValueError that names it, and a
         config in the flat format of fbt-probe 0.1 one that says what to do."""
         refuse_flat(d)
+        refuse_non_finite(d)
         kw = typed_fields(cls, {k: v for k, v in d.items() if k not in GROUPS and k != "schedule"})
         for g, gcls in GROUPS.items():
             if g in d:

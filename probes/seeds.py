@@ -174,7 +174,18 @@ def recipe_key(cfg):
 
     from fbt_probe.train import without_sharding
 
-    return without_sharding(replace(cfg, name="", run=replace(cfg.run, seed=0)))
+    return without_sharding(replace(cfg, name="recipe", run=replace(cfg.run, seed=0)))
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object read from ``path``, or one line naming the file."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return d
 
 
 def _same_recipe(run: Path, scfg) -> None:
@@ -190,6 +201,11 @@ def _same_recipe(run: Path, scfg) -> None:
         raise ValueError(
             f"{run} was trained with another recipe than {scfg.name} (its train_config.json "
             "differs); use another --out"
+        )
+    if saved.run.seed != scfg.run.seed:  # a seed's folder moved or copied to another's place
+        raise ValueError(
+            f"{run} was trained with seed {saved.run.seed}, not seed {scfg.run.seed} (its "
+            "train_config.json says so); put it back in its own seed's folder"
         )
 
 
@@ -208,14 +224,18 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
         run = out / f"seed-{s}"
         scfg = cfg.with_overrides({"run.seed": s, "name": f"{cfg.name}-seed{s}"})
         done = run / "metrics.json"
-        finished = done.is_file() and json.loads(done.read_text()).get("finished")
+        finished = done.is_file() and _json_object(done).get("finished")
         if finished:
             _same_recipe(run, scfg)
         if not finished:
             train_fn(scfg, run, (run / "state.pt").is_file())
         cached = run / "seed_row.json"
         if cached.is_file():
-            rows[s] = json.loads(cached.read_text())
+            rows[s] = _json_object(cached)
+            bad = [k for k, v in rows[s].items() if not isinstance(v, int | float)]
+            if bad:
+                raise ValueError(f"{cached} is damaged: {bad[0]!r} is not a number; delete it "
+                                 "to measure the seed again")  # fmt: skip
         else:
             with bars(f"measure seed {s}") if bars else nullcontext() as bar:
                 rows[s] = seed_row(run, eval_groups, probe_groups, bar)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -303,6 +304,79 @@ def test_resume_from_a_truncated_checkpoint_or_config(tmp_path):
     one_line_error(r, "train_config.json", "not valid JSON")
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A tiny run stopped at step 2 of 4: a checkpoint, its recipe and a model folder."""
+    out = tmp_path_factory.mktemp("resume") / "run"
+    args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "run.checkpoint_every=2"]
+    r = CliRunner().invoke(app, [*args, "--out", str(out), "--stop-after", "2"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _edit_state(run: Path, fn) -> None:
+    import torch
+
+    state = torch.load(run / "state.pt", weights_only=False)
+    torch.save(fn(state), run / "state.pt")
+
+
+def _from_another_seed(run: Path) -> None:
+    other = run.parent / "other"
+    args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "run.seed=1", "--out", str(other)]
+    assert CliRunner().invoke(app, [*args, "--stop-after", "2"]).exit_code == 0
+    (run / "state.pt").write_bytes((other / "state.pt").read_bytes())
+    shutil.rmtree(other)
+
+
+def _edit_recipe(run: Path) -> None:
+    cfg = json.loads((run / "train_config.json").read_text())
+    cfg["steps"] = 6
+    (run / "train_config.json").write_text(json.dumps(cfg))
+
+
+RESUME_CASES = {
+    "recipe edited": (_edit_recipe, "state.pt was written by another recipe or seed than"),
+    "state.pt of another seed": (_from_another_seed, "state.pt was written by another recipe or seed"),
+    "step far beyond": (lambda r: _edit_state(r, lambda s: {**s, "step": 10**12}),
+                        "state.pt is at step 1000000000000, outside this run's 0..4"),
+    "negative step": (lambda r: _edit_state(r, lambda s: {**s, "step": -3}), "at step -3, outside"),
+    "step not an int": (lambda r: _edit_state(r, lambda s: {**s, "step": "2"}), "at step '2'"),
+    "history cut": (lambda r: _edit_state(r, lambda s: {**s, "history": s["history"][:1]}),
+                    "state.pt is damaged: its history does not hold its 2 steps"),
+    "an empty dict": (lambda r: _edit_state(r, lambda s: {}), "state.pt is not a training checkpoint"),
+    "a list": (lambda r: _edit_state(r, lambda s: [1, 2]), "state.pt is not a training checkpoint"),
+    "model weights corrupt": (lambda r: (r / "model" / "model.safetensors").write_bytes(b"\x00" * 64),
+                              "model.safetensors cannot be read"),
+    "model weights cut": (lambda r: (r / "model" / "model.safetensors").write_bytes(
+        (r / "model" / "model.safetensors").read_bytes()[:-100]), "model.safetensors cannot be read"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_resume_refuses_what_it_cannot_continue_and_changes_nothing(stopped_run, tmp_path, case):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    spoil, needle = RESUME_CASES[case]
+    spoil(run)
+    before = snapshot(tmp_path)
+    r = CliRunner().invoke(app, ["train", "--out", str(run), "--resume"])
+    one_line_error(r, needle)
+    assert snapshot(tmp_path) == before  # nothing rewritten, nothing new
+
+
+def test_a_stopped_run_still_resumes_to_the_end(stopped_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    r = CliRunner().invoke(app, ["train", "--out", str(run), "--resume"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((run / "metrics.json").read_text())["steps_done"] == 4
+
+
 def test_stability_with_too_few_passes_is_inconclusive():
     from fbt_probe.stability import verdict
 
@@ -384,6 +458,20 @@ def test_the_cli_error_boundary(tmp_path, monkeypatch):
         ("data.count_dist=normal", "count_dist must be one of"),
         ("fixed_point.exact=yes", "fixed_point.exact must be true or false, got 'yes'"),
         ("model.n_heads=3", "not divisible by n_heads 3"),
+        # non-finite numbers and values out of range, each named by its dotted key
+        ("optim.lr=NaN", r"optim.lr is nan; it must be a finite number"),
+        ("optim.lr=Infinity", r"optim.lr is inf; it must be a finite number"),
+        ("optim.lr=5", r"optim.lr must be in \(0, 1\], got 5"),
+        ("optim.lr=-1e-3", r"optim.lr must be in \(0, 1\], got -0.001"),
+        ("optim.grad_clip=0", r"optim.grad_clip must be > 0"),
+        ("model.init_std=1e30", r"model.init_std must be in \(0, 1\]"),
+        ("objective.answer_weight=[1, Infinity]", r"objective.answer_weight.1 is inf"),
+        ("schedule.0.passes=[NaN]", r"schedule.0.passes.0 is nan"),
+        ("model.jitter=-Infinity", r"model.jitter is -inf"),
+        # the run folder is runs/<name>: one folder name
+        ("name=../esc", r"name must be one folder name \(no '/', not '..'\), got '../esc'"),
+        ("name=..", r"name must be one folder name"),
+        ("name=a/b", r"name must be one folder name"),
     ],
 )
 def test_training_settings_are_type_checked_before_anything_is_made(tmp_path, setting, msg):
@@ -637,3 +725,50 @@ def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
     assert "Traceback" not in err and _no_temp_files(out) == []
+
+
+# ---- seed studies trust no folder they did not check ----------------------------------------
+@pytest.fixture(scope="module")
+def finished_seeds(tmp_path_factory):
+    """Finished tiny runs of seeds 0 and 1 (2 steps), as a study names them."""
+    root = tmp_path_factory.mktemp("seeds")
+    for s in (0, 1):
+        args = ["train", "-c", "tiny", "--set", "steps=2", "--set", f"run.seed={s}",
+                "--set", f"name=tiny-seed{s}", "--out", str(root / f"seed-{s}")]  # fmt: skip
+        assert CliRunner().invoke(app, args).exit_code == 0
+    return root
+
+
+SEED_CASES = {
+    "seed 1's run in seed 0's folder": (
+        lambda d: shutil.copytree(d / "from" / "seed-1", d / "study" / "seed-0"),
+        "seed-0 was trained with seed 1, not seed 0"),
+    "metrics.json not JSON": (
+        lambda d: (d / "study" / "seed-0" / "metrics.json").write_text("{oops"),
+        "seed-0/metrics.json cannot be read as JSON"),
+    "metrics.json a list": (
+        lambda d: (d / "study" / "seed-0" / "metrics.json").write_text("[1]"),
+        "seed-0/metrics.json is not a JSON object"),
+    "seed_row.json not JSON": (
+        lambda d: (d / "study" / "seed-0" / "seed_row.json").write_bytes(b"\xff\xfe"),
+        "seed-0/seed_row.json cannot be read as JSON"),
+    "seed_row.json with a text": (
+        lambda d: (d / "study" / "seed-0" / "seed_row.json").write_text('{"probe/x": "high"}'),
+        "seed-0/seed_row.json is damaged: 'probe/x' is not a number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SEED_CASES))
+def test_a_seed_study_refuses_a_folder_it_cannot_trust(finished_seeds, tmp_path, case):
+    shutil.copytree(finished_seeds, tmp_path / "from")
+    study = tmp_path / "study"
+    study.mkdir()
+    spoil, needle = SEED_CASES[case]
+    if case != "seed 1's run in seed 0's folder":
+        shutil.copytree(tmp_path / "from" / "seed-0", study / "seed-0")
+    spoil(tmp_path)
+    before = snapshot(tmp_path)
+    args = ["seeds", "run", "--seeds", "0", "-c", "tiny", "--set", "steps=2", "--out", str(study)]
+    r = CliRunner().invoke(app, args)
+    one_line_error(r, needle)
+    assert snapshot(tmp_path) == before
