@@ -129,8 +129,9 @@ def generate(
     distractors: str = typer.Option("default", "--distractors", help="Distractor counts: a list "
                                     "'0,1,4', a range '0-16', or 'default' (0,1,2,4,...,256)."),
     seed: int = typer.Option(1234, "--seed", help="Seed; same arguments and seed give the same bytes."),
-    out: Path = typer.Option(None, "--out", "-o", help="Output file (default data/<task>.parquet; "
-                             "-twins with --twins, -tok-<fingerprint> with --tokenizer)."),
+    out: str = typer.Option(None, "--out", "-o", help="Output file (default data/<task>.parquet; "
+                            "-twins with --twins, -tok-<fingerprint> with --tokenizer); one "
+                            "ending in '/' is a folder that gets the default name.", metavar="<path>"),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     twins: bool = typer.Option(False, "--twins", help="Add each row's counterfactual twin (the "
                                "label flipped, every other word kept): what intervene reads."),

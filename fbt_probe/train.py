@@ -41,7 +41,7 @@ from fbt_probe.steps import (
 )
 from fbt_probe.train_config import TrainConfig
 from tasks.base import MAX_DISTRACTORS
-from tasks.files import atomic_write, check_output_dir
+from tasks.files import atomic_write, check_output_dir, claim
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
 
@@ -754,6 +754,12 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress=
     """
     out, world = Path(out_dir), world or World()
     dev = rank_device_of(device, world)  # before anything is written
+    with claim(out) if world.main else nullcontext():  # rank 0 is the one writer
+        return _train(cfg, out, resume, progress, stop_after, argv, dev, max_minutes, world)
+
+
+def _train(cfg: TrainConfig, out: Path, resume: bool, progress, stop_after: int | None,
+           argv: list[str] | None, dev, max_minutes: float, world: World) -> dict:  # fmt: skip
     check_run(cfg, out, resume, world, dev)
     saved = check_resume(cfg, out, dev) if resume else None
     world.barrier()  # every rank has checked before rank 0 writes anything

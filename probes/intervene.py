@@ -44,6 +44,7 @@ from probes.twins import (
 )
 from tasks import target_names
 from tasks.dataset import Dataset
+from tasks.files import claims
 
 METRICS = ("accuracy", "flip_rate", "logit_diff")
 COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
@@ -329,6 +330,7 @@ def reference(rec: Record, pairs: Pairs) -> dict:
 
 
 # ---- the command ------------------------------------------------------------------------
+@claims("out_dir")
 def run_intervene(
     model: FeedbackModel,
     model_name: str,

@@ -32,6 +32,7 @@ from probes.probe import probe_class
 from tasks import TASK_NAMES, get_task, stratum, target_names, task_names, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset, load
+from tasks.files import claims
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
 
 COLUMNS = [
@@ -205,6 +206,7 @@ def check_encoding(ds: Dataset, model, path) -> None:
         )
 
 
+@claims("out_dir")
 def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK_NAMES,
             prefills: tuple[str, ...] = PREFILLS, data: dict[str, str | Path] | None = None,
             out_dir: str | Path = "results", *, seed: int = 0, folds: int = N_FOLDS,

@@ -328,6 +328,7 @@ def study(*, seeds: str, config: str | None = None, overrides: list[str] | None 
     from fbt_probe.device import resolve_device
     from fbt_probe.recipes import build_recipe
     from fbt_probe.train import train
+    from tasks.files import claim
 
     resolve_device(device)  # a bad --device fails before anything is written
     cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)
@@ -339,6 +340,7 @@ def study(*, seeds: str, config: str | None = None, overrides: list[str] | None 
             train(scfg, run, resume=again, progress=bar, argv=argv, device=device,
                   max_minutes=max_minutes)  # fmt: skip
 
-    table = run_seed_study(cfg, seed_list, folder, one,
-                           bars=(lambda label: bars(label, 1)) if bars else None)  # fmt: skip
+    with claim(folder):
+        table = run_seed_study(cfg, seed_list, folder, one,
+                               bars=(lambda label: bars(label, 1)) if bars else None)  # fmt: skip
     return folder, table

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -152,3 +153,123 @@ def read_record(path: Path, fmt: str, what: str) -> dict:
     if not isinstance(rec, dict) or rec.get("format") != fmt:
         raise ValueError(f"{path} is not an fbt-probe {what}")
     return rec
+
+
+# ---- one writer per output ------------------------------------------------------------------
+def lock_path(out: Path) -> Path:
+    """The claim of ``out`` (a file or a folder): a hidden file beside it."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _holder(lock: Path) -> dict | None:
+    """Who holds ``lock``, or None when its writer is gone (a crashed or killed run: the
+    claim is stale). A claim of another machine (a shared disk) is taken as held."""
+    import json
+    import socket
+    import time
+
+    try:
+        info = json.loads(lock.read_text())
+        pid, host = int(info["pid"]), str(info["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        # being written this instant, or damaged: held while young, stale after a minute
+        try:
+            return {} if time.time() - lock.stat().st_mtime < 60 else None
+        except OSError:
+            return None
+    if host == socket.gethostname() and not _alive(pid):
+        return None
+    return info
+
+
+def _take(lock: Path, out: Path) -> None:
+    import json
+    import shlex
+    import socket
+    import sys
+    import time
+
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    for _ in range(5):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, _without_umask(0o666))
+        except FileExistsError:
+            holder = _holder(lock)
+            if holder is None:  # stale: its writer is gone
+                lock.unlink(missing_ok=True)
+                continue
+            who = (f"process {holder['pid']} on {holder['host']} ({holder['command']}), since "
+                   f"{holder['since']}") if holder else "another process"  # fmt: skip
+            raise FileExistsError(f"{out} is being written by {who}; wait for it to end, or "
+                                  f"delete {lock} if that process is gone") from None  # fmt: skip
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        return
+    raise FileExistsError(f"cannot claim {out}: {lock} keeps coming back")
+
+
+@contextmanager
+def claim(out: Path):
+    """Hold ``out`` (a file or a folder) for this process while it is written: a second
+    writer fails at once, in one line naming the holder, instead of silently replacing the
+    first one's output or mixing its files with them. The claim is a hidden lock file beside
+    ``out``, made by exclusive create and removed on the way out (Ctrl-C included); one left
+    by a writer that crashed or was killed is found stale (its process is gone) and cleared.
+    Folders made to hold the claim are removed again when nothing was written into them."""
+    out = Path(out)
+    _writable_parent(out.parent)
+    made = []
+    parent = out.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot write to {out} ({e.strerror or e})") from None
+    lock = lock_path(out)
+    try:
+        _take(lock, out)
+        try:
+            yield out
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        for d in made:  # innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def claims(param: str):
+    """Decorate a function that writes into its argument ``param`` (a file or folder path)
+    so that it runs under ``claim`` of that path."""
+    import functools
+    import inspect
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def claimed(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            with claim(Path(bound.arguments[param])):
+                return fn(*args, **kwargs)
+
+        return claimed
+
+    return wrap

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from tasks.base import (
     generate_twins,
 )
 from tasks.dataset import build_meta, content_hash, to_table, write_table
-from tasks.files import check_output_file
+from tasks.files import check_output_file, claim
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234
@@ -107,8 +108,29 @@ def generate_dataset(
         from tasks.encoding import TokenizerEncoding
 
         encoding = TokenizerEncoding.from_folder(tokenizer)
-    out = Path(out) if out is not None else default_path(task, encoding, twins)
+    out = output_path(out, default_path(task, encoding, twins))
     check_output_file(out, force)
+    with claim(out):  # and checked again: another writer may have finished meanwhile
+        check_output_file(out, force)
+        write_dataset(task, out, n_groups, distractors, seed, p, twins, encoding, progress)
+    return out
+
+
+def output_path(out: str | Path | None, default: Path) -> Path:
+    """``--out`` as given; one that ends in a slash names a folder, which gets the default
+    file name."""
+    if out is None:
+        return default
+    if str(out).endswith(("/", os.sep)):
+        return Path(out) / default.name
+    return Path(out)
+
+
+def write_dataset(task: str, out: Path, n_groups: int, distractors, seed: int, p, twins: bool,
+                  encoding, progress) -> None:  # fmt: skip
+    """Draw ``task``'s examples (and twins) with its parameters ``p``, encode them with
+    ``encoding`` (or the built-in words) and write the table to ``out``."""
+    mod = get_task(task)
     examples = generate_groups(mod, n_groups, distractors, seed, p, STREAM_PROBE, progress)
     pairs = generate_twins(mod, n_groups, distractors, seed, p, STREAM_PROBE) if twins else None
     encoded, tok_meta, twin_ids = None, None, None
@@ -125,7 +147,6 @@ def generate_dataset(
                 c >= 0 and c != e.colon_index for c, e in zip(twin_ids[1], encoded, strict=True)
             )
     write_table(to_table(examples, meta, pairs, encoded, twin_ids), out)
-    return out
 
 
 def generate_task(*, task: str, out: str | Path | None = None, n_groups: int = DEFAULT_N_GROUPS,

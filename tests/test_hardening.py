@@ -772,3 +772,99 @@ def test_a_seed_study_refuses_a_folder_it_cannot_trust(finished_seeds, tmp_path,
     r = CliRunner().invoke(app, args)
     one_line_error(r, needle)
     assert snapshot(tmp_path) == before
+
+
+# ---- one writer per output --------------------------------------------------------------------
+HOLD = ("import sys\nfrom tasks.files import claim\nwith claim(sys.argv[1]):\n"
+        "    print('held', flush=True)\n    sys.stdin.read()\n")  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hold(path):
+    """Another process that holds ``path`` as a writer does, until its stdin closes."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=ROOT, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def _writers(tmp_path, model_dir):
+    data = _dataset(tmp_path)
+    twins = generate_dataset("delayed_memory", tmp_path / "tw.parquet", n_groups=6,
+                             distractors=(1, 4), seed=2, twins=True)  # fmt: skip
+    tiny = ["-c", "tiny", "--set", "steps=2"]
+    return {
+        "generate": (tmp_path / "g.parquet", ["generate", "--task", "delayed_memory", "--n-groups", "4"]),
+        "fit": (tmp_path / "res", ["fit", "--model", str(model_dir), "--data", str(data)]),
+        "intervene": (tmp_path / "iv", ["intervene", "--model", str(model_dir), "--data", str(twins)]),
+        "train": (tmp_path / "run", ["train", *tiny]),
+        "train --resume": (tmp_path / "stopped", ["train", "--resume"]),
+        "seeds run": (tmp_path / "study", ["seeds", "run", "--seeds", "0", *tiny]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("cmd", ["generate", "fit", "intervene", "train", "train --resume",
+                                 "seeds run"])  # fmt: skip
+def test_a_second_writer_of_one_output_is_refused_naming_the_holder(tmp_path, model_dir,
+                                                                   stopped_run, cmd):  # fmt: skip
+    shutil.copytree(stopped_run, tmp_path / "stopped")
+    out, args = _writers(tmp_path, model_dir)[cmd]
+    holder = hold(out)
+    try:
+        before = snapshot(tmp_path)
+        r = CliRunner().invoke(app, [*args, "--out", str(out)])
+        one_line_error(r, f"{out} is being written by process {holder.pid}", "since")
+        assert snapshot(tmp_path) == before
+    finally:
+        holder.communicate("", timeout=30)
+    assert holder.returncode == 0 and not (out.parent / f".{out.name}.lock").exists()
+
+
+def test_two_generate_processes_at_once_one_writes_the_other_is_refused(tmp_path):
+    out = tmp_path / "d.parquet"
+    cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task",
+           "multi_register", "--n-groups", "6000", "--out", str(out)]  # fmt: skip
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    lock = tmp_path / ".d.parquet.lock"
+    t0 = time.monotonic()
+    while not lock.exists() and first.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    [line] = second.stderr.strip().splitlines()[-1:]
+    assert f"{out} is being written by process {first.pid}" in line
+    from tasks.dataset import load
+
+    assert len(load(out)) > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]
+
+
+@pytest.mark.parametrize("how", ["killed", "damaged"])
+def test_a_claim_whose_writer_is_gone_is_cleared(tmp_path, how):
+    out = tmp_path / "d.parquet"
+    lock = tmp_path / ".d.parquet.lock"
+    if how == "killed":  # SIGKILL: no clean-up ran, the claim stays behind
+        holder = hold(out)
+        holder.kill()
+        holder.wait(timeout=30)
+        holder.stdin.close()
+        holder.stdout.close()
+    else:  # a half-written claim, a minute old
+        lock.write_text("{")
+        os.utime(lock, (time.time() - 120, time.time() - 120))
+    assert lock.exists()
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
+                                 "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]
+
+
+def test_generate_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
+                                 "--out", "newdir/"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "newdir" / "delayed_memory.parquet").is_file()
+    assert "wrote newdir/delayed_memory.parquet" in r.output
