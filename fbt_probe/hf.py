@@ -157,6 +157,13 @@ class HFFeedbackModel(FeedbackModel):
     def read_state(self, h: torch.Tensor) -> torch.Tensor:
         return self.hf.get_output_embeddings()(h)
 
+    @property
+    def context_source(self) -> str:
+        """Where the context length comes from (the weights' folder's config.json, a fusion
+        folder's base), for a message that names it."""
+        folder = getattr(self.hf.config, "_name_or_path", "") or self.source
+        return f"{folder}/config.json" if folder else ""
+
     def read_resid(self, x: torch.Tensor) -> torch.Tensor:
         # ``forward`` itself: calling the module would fire ln_final.hook_normalized
         return self.read_state(self._final_norm.forward(x))
@@ -165,7 +172,7 @@ class HFFeedbackModel(FeedbackModel):
         """An empty Hugging Face KV cache (grows as positions are added)."""
         from transformers import DynamicCache
 
-        check_context(max_len, self.cfg.n_ctx)
+        check_context(max_len, self.cfg.n_ctx, self.context_source)
         return DynamicCache(config=self.hf.config)
 
     def snapshot_cache(self, cache):
@@ -185,7 +192,7 @@ class HFFeedbackModel(FeedbackModel):
         if from_layer:
             raise ValueError("a Hugging Face model runs its stack whole (from_layer must be 0)")
         T = x.shape[1]
-        check_context(offset + T, self.cfg.n_ctx)
+        check_context(offset + T, self.cfg.n_ctx, self.context_source)
         if cache is not None:
             have = cache.get_seq_length()
             if have > offset:  # a negative count removes that many (old and new transformers)
@@ -412,6 +419,13 @@ def load_hf(
         spec = {k: saved[k] for k in spec if k in saved}
     weights = base_folder(path, saved["base"]) if saved and "base" in saved else path
     quiet()
+    config = check_hf_config(weights)
+    encoding = None
+    if any((weights / f).is_file() for f in TOKENIZER_FILES):
+        from tasks.encoding import TokenizerEncoding
+
+        encoding = TokenizerEncoding.from_folder(weights)
+        check_vocabulary(weights, config, encoding)
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(weights), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt weights raise safetensors' own error type
@@ -419,17 +433,48 @@ def load_hf(
         raise ValueError(f"{weights} is not a loadable Hugging Face model ({first})") from None
     hf.eval()
     cfg = hf_config_of(hf, **spec)
-    encoding = None
-    if any((weights / f).is_file() for f in TOKENIZER_FILES):
-        from tasks.encoding import TokenizerEncoding
-
-        encoding = TokenizerEncoding.from_folder(weights)
     model = HFFeedbackModel(hf, cfg, encoding, str(path))
     if saved is not None:
         load_fusion(model, path / FUSION_WEIGHTS, saved.get("d_model"))
     else:
         init_fusion(model, seed)
     return model.to(device).eval()
+
+
+def check_hf_config(folder: Path):
+    """The folder's ``config.json`` as transformers reads it, refused in one line naming the
+    file unless it describes a causal LM that transformers knows."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = folder / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises several types here
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{where} is not a Hugging Face model config ({first})") from None
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise ValueError(f"{where}: model type {config.model_type!r} has no causal LM in "
+                         "transformers (fbt-probe runs causal LMs)")  # fmt: skip
+    archs = getattr(config, "architectures", None) or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(f"{where}: architecture {archs[0]} is not a causal LM (fbt-probe runs "
+                         "causal LMs: ...ForCausalLM, ...LMHeadModel)")  # fmt: skip
+    return config
+
+
+def check_vocabulary(folder: Path, config, encoding) -> None:
+    """The model's vocabulary holds every id its tokenizer gives text (special tokens added
+    beyond it, e.g. a padding token, are never given to a prompt)."""
+    n_vocab = getattr(config, "vocab_size", None)
+    tok = encoding.tok
+    special = set(tok.all_special_ids)
+    special |= {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
+    ids = [i for i in tok.get_vocab().values() if i not in special]
+    n_tok = max(ids) + 1 if ids else 0
+    if isinstance(n_vocab, int) and n_tok > n_vocab:
+        tok_file = next(f for f in TOKENIZER_FILES if (folder / f).is_file())
+        raise ValueError(f"{folder / 'config.json'}: vocab_size {n_vocab} is smaller than the "
+                         f"tokenizer's {n_tok} tokens ({folder / tok_file})")  # fmt: skip
 
 
 def read_fusion_config(path: Path) -> dict | None:
@@ -452,7 +497,22 @@ def read_fusion_config(path: Path) -> dict | None:
         and isinstance(base.get("weights_sha256"), str)
     ):  # fmt: skip
         raise ValueError(f"{fcfg_path}: 'base' needs a path and a weights_sha256")
+    check_fusion_values(saved, fcfg_path)
     return saved
+
+
+def check_fusion_values(saved: dict, where: Path) -> None:
+    """The values a fusion config sets, each refused by name in one line naming the file."""
+    if "fusion" in saved and saved["fusion"] not in FUSIONS:
+        raise ValueError(f"{where}: fusion must be one of {FUSIONS}, got {saved['fusion']!r}")
+    for key, ok, rule in (("jitter", lambda v: 0 <= v < 1, "in [0, 1)"),
+                          ("norm_eps", lambda v: 0 < v < 1, "in (0, 1)")):  # fmt: skip
+        v = saved.get(key)
+        if key in saved and (isinstance(v, bool) or not isinstance(v, int | float) or not ok(v)):
+            raise ValueError(f"{where}: {key} must be a number {rule}, got {v!r}")
+    d = saved.get("d_model")
+    if "d_model" in saved and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+        raise ValueError(f"{where}: d_model must be a positive integer, got {d!r}")
 
 
 def base_folder(path: Path, base: dict) -> Path:

@@ -36,10 +36,12 @@ from fbt_probe.fusion import Fusion, RMSNorm
 from fbt_probe.positions import pos_dim, put, select_positions, take
 
 
-def check_context(n_tokens: int, n_ctx: int) -> None:
-    """Refuse a sequence longer than the model's context: the one check every path makes."""
+def check_context(n_tokens: int, n_ctx: int, where: str = "") -> None:
+    """Refuse a sequence longer than the model's context: the one check every path makes.
+    ``where``: the file that sets the context, named in the message."""
     if n_tokens > n_ctx:
-        raise ValueError(f"sequence of {n_tokens} tokens exceeds the context length {n_ctx}")
+        of = f" ({where})" if where else ""
+        raise ValueError(f"sequence of {n_tokens} tokens exceeds the context length {n_ctx}{of}")
 
 
 class KVCache:

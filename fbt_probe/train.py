@@ -506,12 +506,47 @@ def check_saved_weights(folder: Path) -> None:
             raise ValueError(f"{f} cannot be read ({first})") from None
 
 
+def check_activation_memory(cfg: TrainConfig, d_model: int, n_layers: int, world: World,
+                            dev) -> None:  # fmt: skip
+    """Refuse a batch whose training step cannot fit in memory, before the run folder exists.
+    The estimate is a floor: the residual stream of every layer and pass of one micro-batch's
+    longest examples, kept for the backward pass, and its gradient (the attention, the MLP
+    and the optimiser need more), against the same share of the machine's memory that
+    ``generate`` and ``eval`` plan with (a GPU's own memory on CUDA)."""
+    from tasks.generate import MEMORY_SHARE, machine_memory
+
+    n_max = max((p.n_max for p in cfg.schedule if p.n_max is not None), default=MAX_DISTRACTORS)
+    deepest = max((len(p.passes) for p in cfg.schedule if p.passes is not None), default=1)
+    kinds = [("data.batch_size", cfg.data.batch_size, deepest)]
+    if cfg.deep_batches.passes:
+        kinds.append(("deep_batches.batch_size", cfg.deep_batches.batch_size, deepest))
+    if any((p.fixed_point or 0) > 0 for p in cfg.schedule):
+        kinds.append(("fixed_point.batch_size", cfg.fixed_point.batch_size, cfg.fixed_point.passes))
+    have = (
+        torch.cuda.get_device_properties(dev).total_memory
+        if dev.type == "cuda"
+        else machine_memory()
+    )
+    if have is None:
+        return
+    parts = world.size * cfg.optim.accum
+    for key, rows, passes in kinds:
+        need = math.ceil(rows / parts) * passes * n_layers * n_max * d_model * 4 * 2
+        if need > MEMORY_SHARE * have:
+            raise ValueError(
+                f"{key} {rows} would keep at least {need / 2**30:,.0f} GiB of activations in a "
+                f"step ({passes} passes of {n_max} distractors, {n_layers} layers), more than "
+                f"this machine's {have / 2**30:,.0f} GiB: lower it, or raise optim.accum"
+            )
+
+
 def start_state(
     cfg: TrainConfig, out: Path, saved: dict | None, world: World, dev
 ) -> tuple[TrainState, dict]:
     """The run's state (fresh, or from its checkpoint) and the parameters each frozen prefix
     names; the run folder is made here, after every check."""
     model = build_model(cfg)  # initialised on the CPU, then moved
+    check_activation_memory(cfg, model.cfg.d_model, model.cfg.n_layers, world, dev)
     if cfg.run.fsdp and not isinstance(model, FBTModel):
         raise ValueError("run.fsdp is not supported for a Hugging Face model yet (use DDP)")
     frozen = frozen_parameters(model, cfg.schedule)  # checked before anything is written

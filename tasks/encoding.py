@@ -61,8 +61,29 @@ class TokenizerEncoding:
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except (OSError, ValueError, TypeError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"{folder} has no usable tokenizer ({first})") from None
-        return cls(tok, str(folder))
+            files = [f for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+                     if (folder / f).is_file()]  # fmt: skip
+            where = f"{folder} ({', '.join(files)})" if files else str(folder)
+            raise ValueError(f"{where} has no usable tokenizer ({first})") from None
+        enc = cls(tok, str(folder))
+        enc.check_colon()
+        return enc
+
+    def check_colon(self) -> None:
+        """The colon every prompt ends with must be a token of its own: one the tokenizer
+        knows (not its unknown token), or no prompt can be read at it."""
+        from tasks import vocab
+
+        ids = self._ids(f"x {vocab.COLON}")["input_ids"]
+        unk = self.tok.unk_token_id
+        text = self.tok.decode(ids[-1:]).strip() if ids else ""
+        if not ids or (unk is not None and ids[-1] == unk) or text != vocab.COLON:
+            files = [f for f in ("tokenizer.json", "vocab.json", "tokenizer.model")
+                     if (Path(self.source) / f).is_file()]  # fmt: skip
+            where = Path(self.source) / files[0] if self.source and files else self.source
+            raise ValueError(f"the tokenizer {where or ''} has no token of its own for the colon "
+                             f"{vocab.COLON!r} (it becomes {text or 'nothing'!r}): the tasks' "
+                             "prompts cannot be rendered with it")  # fmt: skip
 
     def describe(self) -> dict:
         """What a dataset records of the tokenizer it was encoded with."""

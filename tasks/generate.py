@@ -35,17 +35,26 @@ def default_path(task: str, encoding=None, twins: bool = False) -> Path:
 BYTES_PER_TOKEN = 1000
 
 
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not tell."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# the share of a machine's memory one job may plan to take
+MEMORY_SHARE = 0.8
+
+
 def check_memory(n_groups: int, distractors) -> None:
     """Refuse, before any work, a dataset that would not fit in this machine's memory."""
-    import os
-
     tokens = n_groups * sum(int(n) + 24 for n in distractors)
     need = tokens * BYTES_PER_TOKEN
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not every system tells
+    have = machine_memory()
+    if have is None:
         return
-    if need > 0.8 * have:
+    if need > MEMORY_SHARE * have:
         raise ValueError(
             f"--n-groups {n_groups} would need about {need / 2**30:.0f} GiB while it is built, "
             f"more than this machine's {have / 2**30:.0f} GiB; use fewer groups or counts"

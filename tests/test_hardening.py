@@ -472,6 +472,12 @@ def test_the_cli_error_boundary(tmp_path, monkeypatch):
         ("name=../esc", r"name must be one folder name \(no '/', not '..'\), got '../esc'"),
         ("name=..", r"name must be one folder name"),
         ("name=a/b", r"name must be one folder name"),
+        # a batch that cannot fit: refused before the run folder exists, not killed later
+        (
+            "data.batch_size=100000000",
+            r"data.batch_size 100000000 would keep at least [\d,]+ GiB "
+            r"of activations in a step \(3 passes of 256 distractors",
+        ),
     ],
 )
 def test_training_settings_are_type_checked_before_anything_is_made(tmp_path, setting, msg):
@@ -868,3 +874,90 @@ def test_generate_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "newdir" / "delayed_memory.parquet").is_file()
     assert "wrote newdir/delayed_memory.parquet" in r.output
+
+
+# ---- Hugging Face folders and tokenizers: every refusal names the folder and the file -------
+def _config_edit(key, value):
+    def edit(d):
+        edit_json(d / "config.json", lambda c: {**c, key: value})
+
+    return edit
+
+
+def _fusion_edit(fn):
+    def edit(d):
+        from fbt_probe.hf import load_hf, save_hf
+
+        save_hf(load_hf(d), d / "f")  # the folder with a fusion beside it
+        for p in (d / "f").iterdir():
+            p.replace(d / p.name)
+        (d / "f").rmdir()
+        path = d / "fusion_config.json"
+        path.write_text(json.dumps(fn(json.loads(path.read_text()))))
+
+    return edit
+
+
+HF_CASES = {
+    "not a causal LM": (_config_edit("architectures", ["BertForMaskedLM"]),
+                        "config.json: architecture BertForMaskedLM is not a causal LM"),
+    "unknown model type": (_config_edit("model_type", "nonsense"),
+                           "config.json is not a Hugging Face model config"),
+    "vocabulary below the tokenizer's": (_config_edit("vocab_size", 10),
+                                         "config.json: vocab_size 10 is smaller than the tokenizer's"),
+    "context too short": (_config_edit("max_position_embeddings", 8),
+                          "exceeds the context length 8 ({folder}/config.json)"),
+    "fusion config a list": (_fusion_edit(lambda c: [1]), "fusion_config.json is not an fbt-probe fusion config"),
+    "jitter a string": (_fusion_edit(lambda c: {**c, "jitter": "x"}),
+                        "fusion_config.json: jitter must be a number in [0, 1), got 'x'"),
+    "jitter 5": (_fusion_edit(lambda c: {**c, "jitter": 5}), "fusion_config.json: jitter must be a number in [0, 1), got 5"),
+    "unknown fusion": (_fusion_edit(lambda c: {**c, "fusion": "sum"}), "fusion_config.json: fusion must be one of"),
+    "d_model a string": (_fusion_edit(lambda c: {**c, "d_model": "a"}), "fusion_config.json: d_model must be a positive integer"),
+    "tokenizer.json broken": (lambda d: (d / "tokenizer.json").write_text("{"), "(tokenizer.json, tokenizer_config.json) has no usable tokenizer"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_a_hugging_face_refusal_names_the_folder_and_the_file(
+    hf_folder, tmp_path, monkeypatch, case
+):
+    broken, needle = HF_CASES[case]
+    folder = _hf_variant(hf_folder, tmp_path / "m", broken)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    r = CliRunner().invoke(app, ["eval", "--n-groups", "5", "--task", "delayed_memory",
+                                 "--model", str(folder)])  # fmt: skip
+    one_line_error(r, str(folder), needle.format(folder=folder))
+    assert snapshot(tmp_path) == before
+
+
+def test_a_tokenizer_without_a_colon_token_is_refused_before_anything_is_written(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from fbt_probe.hf_tiny import model_folder
+    from tasks import vocab
+
+    words = ["<unk>", *(t for t in vocab.TOKENS if t != vocab.COLON)]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>")
+    folder = model_folder(tmp_path / "m", "llama", tok)
+    before = snapshot(tmp_path)
+    out = tmp_path / "d.parquet"
+    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
+                                 "--tokenizer", str(folder), "--out", str(out)])  # fmt: skip
+    one_line_error(r, f"{folder}/tokenizer.json has no token of its own for the colon ':'")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("what", ["binary", "directory"])
+def test_a_config_that_is_not_a_recipe_file_is_named(tmp_path, what):
+    path = tmp_path / "r.toml"
+    if what == "binary":
+        path.write_bytes(bytes(range(128, 256)))
+    else:
+        path.mkdir()
+    r = CliRunner().invoke(app, ["train", "--config", str(path), "--out", str(tmp_path / "run")])
+    one_line_error(r, str(path), "not a text file" if what == "binary" else "is a directory")
+    assert not (tmp_path / "run").exists()

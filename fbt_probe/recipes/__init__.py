@@ -26,9 +26,14 @@ def recipe_names() -> list[str]:
 
 def read_file(path: Path) -> dict:
     """A recipe or config file (TOML or JSON) as a dict; a one-line error if it isn't one."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a recipe or config file")
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file (a recipe is TOML or JSON)") from None
     try:
         d = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except json.JSONDecodeError as e:
