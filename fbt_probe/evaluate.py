@@ -124,7 +124,10 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
         raise ValueError("--seed must be >= 0")
     mode_list = tuple(m.strip() for m in modes.split(","))
     for m in mode_list:
-        decode_mode(m)
+        try:
+            decode_mode(m)
+        except ValueError as e:
+            raise ValueError(f"--modes {modes!r}: {e}") from None
     m, name = resolve_model(model, resolve_device(device))
     require_tokenizer(m)
     skipped = {}

@@ -170,6 +170,8 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
     out, t0 = Path(out), time.monotonic()
     if not 1 <= passes <= MAX_PASSES:
         raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
     check_output_dir(out)
     task_list, data_map = tasks_and_data(task, data)
     m, name = resolve_model(model, resolve_device(device))

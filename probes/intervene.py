@@ -155,7 +155,7 @@ def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
     if spec.strip() == "all":
         return tuple(range(n_depths))
     try:
-        picked = sorted({int(w) for w in spec.split(",") if w.strip()})
+        picked = sorted({int(w) for w in spec.split(",")})
     except ValueError:
         picked = []
     if not picked or not all(0 <= d < n_depths for d in picked):

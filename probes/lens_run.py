@@ -186,6 +186,23 @@ def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -
     atomic_write(out / "lens.json", lambda tmp: Path(tmp).write_text(text))
 
 
+def check_position(position: str, tasks) -> None:
+    """``--position`` before any work: 'answer', 'colon', 'colon-K' or a position each of
+    ``tasks`` declares."""
+    from tasks import get_task
+
+    if position == "answer":
+        return
+    if not position.strip():
+        raise ValueError("--position '': give answer, colon, colon-K or a declared position")
+    where = parse_site(f"resid@{position}")[1]
+    for t in tasks if isinstance(where, str) else ():
+        declared = sorted(getattr(get_task(t), "POSITIONS", {}))
+        if where not in declared:
+            raise ValueError(f"--position {position!r}: task {t} declares no such position "
+                             f"(it declares {', '.join(declared) or 'none'})")  # fmt: skip
+
+
 def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "answer",
          data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
          tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
@@ -204,10 +221,9 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
         raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
     if batch_size < 1:
         raise ValueError("--batch-size must be at least 1")
-    if position != "answer":
-        parse_site(f"resid@{position}")
     check_output_dir(out)
     task_list, data_map = tasks_and_data(task, data)
+    check_position(position, task_list)
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
     mhash = model_hash(m)

@@ -55,6 +55,12 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
 
 
+def soft_prompt_ids(model) -> list[int]:
+    """The long soft decoding's prompt as ``model``'s token ids."""
+    enc = getattr(model, "encoding", None)
+    return vocab.encode(SOFT_PROMPT) if enc is None else enc.tok(" ".join(SOFT_PROMPT))["input_ids"]
+
+
 def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task: str = "all",
               out: str | Path = "results/stability", decode_tokens: int = 1000,
               bars=None) -> list[str]:  # fmt: skip
@@ -74,8 +80,13 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
     for t in task_list:
         get_task(t)
     loaded = [(spec, *resolve_model(spec)) for spec in models]
-    for _, m, _ in loaded:
+    for spec, m, _ in loaded:
         require_tokenizer(m)
+        need = len(soft_prompt_ids(m)) + decode_tokens - 1
+        if decode_tokens and need > m.cfg.n_ctx:
+            raise ValueError(f"--decode-tokens {decode_tokens}: the prompt and the decoded tokens "
+                             f"need {need} positions, more than the context of {spec} "
+                             f"({m.cfg.n_ctx})")  # fmt: skip
     batches, rows, soft, lines = {}, [], [], []  # one held-out batch per tokenizer
     for spec, m, name in loaded:
         label, enc = label_of(spec, name), getattr(m, "encoding", None)
@@ -88,12 +99,7 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
         rows += [{"model": label, **r} for r in traj]
         lines.append(verdict_line(label, traj))
         if decode_tokens:
-            ids = (
-                vocab.encode(SOFT_PROMPT)
-                if enc is None
-                else enc.tok(" ".join(SOFT_PROMPT))["input_ids"]
-            )
-            prompt = torch.tensor([ids] * 4)
+            prompt = torch.tensor([soft_prompt_ids(m)] * 4)
             soft += [{"model": label, **r} for r in long_soft_decoding(m, prompt, decode_tokens)]
     out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)

@@ -127,10 +127,13 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
                 out += int_range(part)
     except ValueError:
         raise ValueError(
-            f"cannot parse distractor counts {spec!r}: use a list '0,1,4' or a range '0-16'"
+            f"--distractors {spec!r}: use a list '0,1,4' or a range '0-16' of counts"
         ) from None
     out = sorted(set(out))
-    check_counts(out)
+    try:
+        check_counts(out)
+    except ValueError as e:
+        raise ValueError(f"--distractors {spec!r}: {e}") from None
     return tuple(out)
 
 

@@ -961,3 +961,33 @@ def test_a_config_that_is_not_a_recipe_file_is_named(tmp_path, what):
     r = CliRunner().invoke(app, ["train", "--config", str(path), "--out", str(tmp_path / "run")])
     one_line_error(r, str(path), "not a text file" if what == "binary" else "is a directory")
     assert not (tmp_path / "run").exists()
+
+
+# ---- what research/hardening_audit.py found: each option named, each refused before work --
+AUDIT_FOUND = [
+    (["generate", "--task", "delayed_memory", "--distractors", "-1"], "--distractors '-1'"),
+    (["generate", "--task", "delayed_memory", "--distractors", "300"], "--distractors '300': distractor count 300 outside [0, 256]"),
+    (["generate", "--task", "delayed_memory", "--distractors", "5-2"], "--distractors '5-2'"),
+    (["generate", "--task", "delayed_memory", "--distractors", "0,,1"], "--distractors '0,,1'"),
+    (["eval", "--modes", "nope"], "--modes 'nope': unknown decoding mode 'nope'"),
+    (["eval", "--modes", "standard,,full"], "--modes 'standard,,full'"),
+    (["stability", "--passes", "2"], "--decode-tokens 1000: the prompt and the decoded tokens need"),
+    (["lens", "--position", "nope"], "--position 'nope': task delayed_memory declares no such position"),
+    (["lens", "--position", ""], "--position ''"),
+    (["patch", "--depths", "1,,2"], "--depths '1,,2'"),
+    (["heads", "--seed", "-1"], "--seed must be >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args,needle", AUDIT_FOUND, ids=[" ".join(a[:1] + a[-2:]) for a, _ in AUDIT_FOUND]
+)
+def test_options_the_audit_found_are_refused_by_name_before_any_work(model_dir, tmp_path,
+                                                                     monkeypatch, args, needle):  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # a default dataset generated before the refusal would land here
+    extra = [] if args[0] == "generate" else ["--model", str(model_dir), "--task", "delayed_memory"]
+    before = snapshot(tmp_path)
+    out = [] if args[0] == "eval" else ["--out", str(tmp_path / "out")]
+    r = CliRunner().invoke(app, [*args, *extra, *out])
+    one_line_error(r, needle)
+    assert snapshot(tmp_path) == before

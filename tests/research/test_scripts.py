@@ -198,3 +198,24 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     for bad in (["no/such/model"], ["default", "--probe", "svm"], ["default", "--depth", "9"]):
         assert pe.main(bad) == 1
         assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_hardening_audit_checks_the_promise_and_its_cases_hold(tmp_path, monkeypatch):
+    ha = _script("hardening_audit")
+    ha.setup(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cases = ha.setting_cases() + ha.option_cases(tmp_path)
+    assert len(cases) >= 150
+    # the checker sees what falls short: a valid setting is accepted, a file left behind shows
+    assert (
+        ha.check(["recipe", "tiny", "--set", "steps=5"], "steps", tmp_path) == "accepted (exit 0)"
+    )
+    out = tmp_path / "new.parquet"
+    gen = ["generate", "--task", "delayed_memory", "--n-groups", "4", "--distractors", "1"]
+    assert ha.check([*gen, "--out", str(out)], "--out", tmp_path) == "accepted (exit 0)"
+    assert ha.check([*gen, "--out", str(out)], "--out", tmp_path) is None  # exists: refused
+    out.unlink()
+    # a sample of the cases (all of them: python research/hardening_audit.py)
+    sample = [c for c in cases if "optim.lr" in c[0] or "--distractors" in c[0] or "lens" in c[0]]
+    results = [(n, ha.check(argv, k, tmp_path)) for n, argv, k in sample]
+    assert len(results) >= 20 and [r for r in results if r[1]] == []
