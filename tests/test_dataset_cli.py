@@ -66,7 +66,7 @@ def test_file_loads_with_documented_schema(tmp_path, task):
         (["-t", "nope"], "unknown task"),
         (["-t", "delayed_memory", "--distractors", "-1,4"], "outside"),
         (["-t", "delayed_memory", "--distractors", "0,257"], "outside"),
-        (["-t", "delayed_memory", "--distractors", "a-b"], "cannot parse"),
+        (["-t", "delayed_memory", "--distractors", "a-b"], "--distractors 'a-b': use a list"),
         (["-t", "delayed_memory", "--n-groups", "0"], "at least 1"),
         (["-t", "delayed_memory", "-o", "/proc/nope/x.parquet"], "cannot write"),
     ],
