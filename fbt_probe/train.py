@@ -517,8 +517,10 @@ def check_activation_memory(cfg: TrainConfig, d_model: int, n_layers: int, world
 
     n_max = max((p.n_max for p in cfg.schedule if p.n_max is not None), default=MAX_DISTRACTORS)
     deepest = max((len(p.passes) for p in cfg.schedule if p.passes is not None), default=1)
-    kinds = [("data.batch_size", cfg.data.batch_size, deepest)]
-    if cfg.deep_batches.passes:
+    deep = cfg.deep_batches.passes
+    # an ordinary batch runs fewer passes than a deep batch's least
+    kinds = [("data.batch_size", cfg.data.batch_size, min(deepest, deep - 1) if deep else deepest)]
+    if deep:
         kinds.append(("deep_batches.batch_size", cfg.deep_batches.batch_size, deepest))
     if any((p.fixed_point or 0) > 0 for p in cfg.schedule):
         kinds.append(("fixed_point.batch_size", cfg.fixed_point.batch_size, cfg.fixed_point.passes))
