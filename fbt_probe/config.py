@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 
 from tasks import vocab
 
-FUSIONS = ("gated", "additive", "none")
+FUSIONS = ("gated", "additive", "none", "replace")
+TOP = -1  # feedback_source: the top state (the final norm's output), the paper's source
 POSITIONALS = ("rotary", "none")
 
 
@@ -20,6 +21,15 @@ class FBTConfig:
     - ``gated`` (the paper): ``RMSNorm(W_U h_{t-1} * sigmoid(W_G e_t))``
     - ``additive`` (the paper's ablation): ``RMSNorm(e_t + W_U h_{t-1})``
     - ``none``: no feedback; every pass equals pass 1.
+    - ``replace`` (Coconut-like): ``RMSNorm(W_U h_{t-1})``, the token's embedding only where
+      there is no state (the first position, a plain prefix).
+
+    Where the feedback comes from and where it enters: ``feedback_source`` is the top state
+    (``TOP``, the paper) or the output of block a (its residual stream, unnormalised), and
+    ``feedback_target`` is the block whose input is fused (0, the paper: the embeddings; b:
+    block b's residual input, which then plays the embedding's part in the fusion). A target
+    b <= a + 1 keeps the design causal across positions: position t reads position t-1's
+    source, which never depends on position t.
     """
 
     d_model: int = 128
@@ -41,6 +51,8 @@ class FBTConfig:
     # keys plain, block 0 being where done_tracking's running bit is built
     smear_layers: tuple[int, ...] | None = None
     fusion: str = "gated"
+    feedback_source: int = TOP
+    feedback_target: int = 0
     jitter: float = 0.02  # uniform noise added to h before fusion, training mode only
     depth_scaling: bool = True  # residual branches scaled by 1/sqrt(2 L): ||h|| stays O(1)
     norm_eps: float = 1e-6
@@ -63,6 +75,19 @@ class FBTConfig:
             f"d_model {self.d_model} not divisible by n_heads {self.n_heads}",
         )
         need(self.fusion in FUSIONS, f"fusion must be one of {FUSIONS}, got {self.fusion!r}")
+        a, b = self.feedback_source, self.feedback_target
+        need(
+            a == TOP or 0 <= a < self.n_layers,
+            f"feedback_source must be -1 (the top state) or a block 0..{self.n_layers - 1}, got {a}",
+        )
+        need(
+            0 <= b < self.n_layers,
+            f"feedback_target must be a block 0..{self.n_layers - 1}, got {b}",
+        )
+        need(
+            a == TOP or b <= a + 1,
+            f"feedback_target {b} is above feedback_source {a} + 1: not causal across positions",
+        )
         need(
             self.positional in POSITIONALS,
             f"positional must be one of {POSITIONALS}, got {self.positional!r}",
@@ -101,8 +126,19 @@ class FBTConfig:
     def residual_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.n_layers) if self.depth_scaling else 1.0
 
+    @property
+    def source_block(self) -> int:
+        """The block whose output is the fed-back state (the last one for the top state)."""
+        return self.n_layers - 1 if self.feedback_source == TOP else self.feedback_source
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        # the feedback's source and target are written only where they leave the paper's
+        # design: every model saved before they existed keeps its config hash
+        d = asdict(self)
+        for k, default in (("feedback_source", TOP), ("feedback_target", 0)):
+            if d[k] == default:
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "") -> FBTConfig:

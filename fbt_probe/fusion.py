@@ -20,7 +20,8 @@ class RMSNorm(nn.Module):
 
 
 class Fusion(nn.Module):
-    """``u_t = RMSNorm(W_U h_{t-1} * sigmoid(W_G e_t))`` (gated) or its ablations.
+    """``u_t = RMSNorm(W_U h_{t-1} * sigmoid(W_G e_t))`` (gated), its ablations, or
+    ``RMSNorm(W_U h_{t-1})`` (replace: the state instead of the token).
 
     The state is the *value* and the token only a multiplicative gate: with the state
     gone the input is gone, so the model cannot learn to ignore the feedback (the
@@ -46,4 +47,6 @@ class Fusion(nn.Module):
         if self.cfg.fusion == "gated":
             gate = self.hook_gate(torch.sigmoid(embed @ self.W_G.T))
             return self.hook_fused(self.norm(value * gate))
+        if self.cfg.fusion == "replace":
+            return self.hook_fused(self.norm(value))
         return self.hook_fused(self.norm(embed + value))  # additive ablation

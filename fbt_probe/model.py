@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from fbt_probe.config import FBTConfig
+from fbt_probe.config import TOP, FBTConfig
 from fbt_probe.fusion import Fusion, RMSNorm
 from fbt_probe.positions import pos_dim, put, select_positions, take
 
@@ -348,6 +348,7 @@ class FeedbackModel(HookedRootModule):
         cache: KVCache | None = None,
         pass_index: int | None = 0,
         step: int | None = None,
+        from_layer: int = 0,
     ) -> PassOutput:
         """One pass of the stack over positions [offset, offset + pos): the only place where
         the fed-back state enters.
@@ -358,17 +359,26 @@ class FeedbackModel(HookedRootModule):
         time); plain: (batch, pos) bool, positions that keep their plain embedding. Position t
         is fused with h_{t-1}, i.e. ``states`` shifted right by one with ``carry`` in front.
         ``pass_index`` and ``step`` go to every hook's ``ctx``.
+
+        A design whose feedback enters block b > 0 (``cfg.feedback_target``) fuses the state
+        into block b's residual input instead of the embeddings; ``from_layer`` = b then means
+        ``emb`` is already that input (the blocks below, which no state reaches, were run once
+        for every position: the recurrence).
         """
         self.set_context(pass_index, step, offset)
         if states is None and carry is None:
-            return self.stack(emb, offset, cache)
+            return self.stack(emb, offset, cache, from_layer=from_layer)
         B, T, D = emb.shape
         first = carry if carry is not None else emb.new_zeros(B, 1, D)
         prev = first if states is None else torch.cat([first, states[:, : T - 1]], dim=1)
         if T == 1 and plain is not None and bool(plain.all()):
             # one position of the recurrence inside a plain prefix: nothing to fuse (checked
             # for single positions only, so that a Jacobi pass never waits on the device)
-            return self.stack(emb, offset, cache)
+            return self.stack(emb, offset, cache, from_layer=from_layer)
+        target = getattr(self.cfg, "feedback_target", 0)
+        if target:
+            fuse = (target, lambda x: self.fuse(prev, x, plain))
+            return self.stack(emb, offset, cache, from_layer=from_layer, inject=fuse)
         return self.stack(self.fuse(prev, emb, plain), offset, cache)
 
     @staticmethod
@@ -473,7 +483,12 @@ class FeedbackModel(HookedRootModule):
 class FBTModel(FeedbackModel):
     """Full-bandwidth transformer with TransformerLens hooks on every component."""
 
-    skips_layers = True
+    @property
+    def skips_layers(self) -> bool:
+        """A patch at depth d re-runs the blocks from d up only in the paper's design: where
+        the feedback enters a block above the embeddings, or comes from below the top, the
+        blocks below a depth carry it too, and a patched run runs the stack whole."""
+        return self.cfg.feedback_target == 0 and self.cfg.feedback_source == TOP
 
     def __init__(self, cfg: FBTConfig, seed: int | None = None):
         super().__init__()
@@ -543,20 +558,51 @@ class FBTModel(FeedbackModel):
         return self.hook_embed(F.embedding(tokens, self.W_E) * math.sqrt(self.cfg.d_model))
 
     def stack(
-        self, x: torch.Tensor, offset: int = 0, cache: KVCache | None = None, from_layer: int = 0
+        self,
+        x: torch.Tensor,
+        offset: int = 0,
+        cache: KVCache | None = None,
+        from_layer: int = 0,
+        inject: tuple[int, Callable] | None = None,
     ) -> PassOutput:
         """Run the blocks on inputs x (batch, pos, d_model) at positions [offset, offset+pos).
 
         ``from_layer`` > 0: x is the input of that block and the blocks below are skipped
-        (an intervention at that depth re-runs only what it can change)."""
+        (an intervention at that depth re-runs only what it can change). ``inject`` (b, fn):
+        block b's input becomes fn(its residual input), the fusion of a design whose feedback
+        enters block b. The states returned are what the design feeds back: the top state,
+        or the output of block ``cfg.feedback_source``."""
         check_context(offset + x.shape[1], self.cfg.n_ctx)
-        rope = self.rope
-        for block in self.blocks[from_layer:]:
-            x = block(x, rope, offset, cache)
+        x, fed = self.run_blocks(x, offset, cache, from_layer, self.cfg.n_layers, inject)
         h = self.ln_final(x)
         if cache is not None:
             cache.length = offset + x.shape[1]
-        return PassOutput(logits=h @ self.W_E.T, states=h)
+        if self.cfg.feedback_source == TOP:
+            fed = h
+        elif fed is None:
+            raise ValueError(f"block {self.cfg.feedback_source}'s output, the state this design "
+                             f"feeds back, is not run again from block {from_layer}")  # fmt: skip
+        return PassOutput(logits=h @ self.W_E.T, states=fed)
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        offset: int,
+        cache: KVCache | None,
+        start: int,
+        stop: int,
+        inject: tuple[int, Callable] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Blocks ``start`` .. ``stop`` - 1 on x, their input: block ``stop``'s input, and the
+        output of block ``cfg.feedback_source`` if it ran (else None)."""
+        rope, fed = self.rope, None
+        for i in range(start, stop):
+            if inject is not None and i == inject[0]:
+                x = inject[1](x)
+            x = self.blocks[i](x, rope, offset, cache)
+            if i == self.cfg.feedback_source:
+                fed = x
+        return x, fed
 
 
 class PositionCapture:

@@ -48,19 +48,34 @@ def recurrence_steps(
     model's passes compute their logits lazily, so does the whole recurrence."""
     outs = []
     h_prev = carry
+    x, below = emb, feedback_target(model)
+    if below:  # no state reaches the blocks below the target: run them once, every position
+        model.set_context(None, None, start)
+        x = torch.cat(
+            [emb[:, :start], model.run_blocks(emb[:, start:], start, cache, 0, below)[0]], 1
+        )
     for t in range(start, emb.shape[1]):
         out = model.feedback_pass(
-            emb[:, t : t + 1],
+            x[:, t : t + 1],
             carry=h_prev,
             plain=plain[:, t : t + 1],
             offset=t,
             cache=cache,
             pass_index=None,
             step=t,
+            from_layer=below,
         )
         h_prev = out.states
         outs.append(out)
     return cat_positions(outs)
+
+
+def feedback_target(model: FeedbackModel) -> int:
+    """The first block a step of the recurrence must run: the block the fed-back state enters
+    (0: the embeddings, the paper's design), or the source block if it lies below (its output
+    is fed back, so each step must compute it)."""
+    target = getattr(model.cfg, "feedback_target", 0)
+    return min(target, model.cfg.source_block) if target else 0
 
 
 def run_recurrence_with_cache(

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.checkpoint import save_model, write_text
+from fbt_probe.config import TOP
 from fbt_probe.distributed import World
 from fbt_probe.model import FBTModel, FeedbackModel
 from fbt_probe.recurrence import run_recurrence
@@ -287,6 +288,9 @@ def build_model(cfg: TrainConfig):
 
         path = init_folder(cfg)
         if is_hf_folder(path):
+            if cfg.model.feedback_source != TOP or cfg.model.feedback_target != 0:
+                raise ValueError("model.feedback_source and model.feedback_target: a Hugging Face "
+                                 "model feeds its top state into its embeddings only")  # fmt: skip
             m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed)
             if m.cfg.fusion != cfg.model.fusion:
                 raise ValueError(
