@@ -326,7 +326,7 @@ def fit(
     probes are saved in OUT/probes/.
 
     Library: probes.run.fit."""
-    from probes.results import format_layer0, layer0_table
+    from probes.results import entry_depth, format_layer0, layer0_table
     from probes.run import fit as run_fit
 
     with bars("fit", 1) as bar:
@@ -338,8 +338,10 @@ def fit(
     df, _ = done
     typer.echo(f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
                f"fitted probes in {out / 'probes'}")  # fmt: skip
-    typer.echo("\nlayer 0 at the colon, pooled over distractor counts 1..256:")
-    typer.echo(format_layer0(layer0_table(df)))
+    d = entry_depth(out)
+    where = "layer 0" if d == 0 else f"depth {d} (block {d}'s input, where the feedback enters)"
+    typer.echo(f"\n{where} at the colon, pooled over distractor counts 1..256:")
+    typer.echo(format_layer0(layer0_table(df, d)))
 
 
 @app.command()

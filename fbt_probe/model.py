@@ -304,6 +304,13 @@ class FeedbackModel(HookedRootModule):
         ]
 
     @property
+    def entry_depth(self) -> int:
+        """The depth where the fed-back state enters: block ``cfg.feedback_target``'s input
+        (0, the embeddings, in the paper's design). The paper's layer-0 probe is the probe
+        at this depth."""
+        return int(getattr(self.cfg, "feedback_target", 0))
+
+    @property
     def n_heads(self) -> int:
         """Attention heads per layer that have per-head hooks (``blocks.{l}.attn.hook_z``,
         ``hook_q``, ``hook_k``, ``hook_v``, ``hook_pattern``); 0 for a model without them."""

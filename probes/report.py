@@ -18,11 +18,13 @@ def _fmt(x: float) -> str:
     return "–" if x != x else f"{100 * x:.1f} %"
 
 
-def paper_table(df: pd.DataFrame) -> str:
-    """Task x prefill at depth 0 (pooled counts 1..256): ours [CI], chance, control, paper."""
-    pooled = df[(df.distractors == POOLED) & (df.overwrites == "all") & (df.depth == 0)]
+def paper_table(df: pd.DataFrame, depth: int = 0) -> str:
+    """Task x prefill at the feedback's entry ``depth`` (pooled counts 1..256): ours [CI],
+    chance, control, the paper's (at depth 0)."""
+    pooled = df[(df.distractors == POOLED) & (df.overwrites == "all") & (df.depth == depth)]
+    name = "layer 0" if depth == 0 else f"depth {depth}"
     lines = [
-        "| task | target | prefill | layer 0 (ours) [95 % CI] | chance | random-init control | permuted labels | paper |",
+        f"| task | target | prefill | {name} (ours) [95 % CI] | chance | random-init control | permuted labels | paper |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (task, target, prefill), g in pooled.groupby(["task", "target", "prefill"], sort=False):
@@ -34,7 +36,7 @@ def paper_table(df: pd.DataFrame) -> str:
         perm = g[g.model == "permuted"].accuracy
         lines.append(
             f"| {task} | {target} | {prefill} | {_fmt(r.accuracy)} [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}] | {_fmt(r.chance)} | "
-            f"{_fmt(ctl.iloc[0]) if len(ctl) else '–'} | {_fmt(perm.iloc[0]) if len(perm) else '–'} | {PAPER_LAYER0.get((task, prefill), '')} |"
+            f"{_fmt(ctl.iloc[0]) if len(ctl) else '–'} | {_fmt(perm.iloc[0]) if len(perm) else '–'} | {PAPER_LAYER0.get((task, prefill), '') if depth == 0 else ''} |"
         )
     return "\n".join(lines)
 
@@ -186,9 +188,10 @@ def report_header(meta: dict, df: pd.DataFrame) -> list[str]:
         "Pooled over distractor counts 1..256 (count 0 is trivial under recurrent prefill: the token "
         "before the colon is then the answer itself).",
         "",
-        "## Layer 0 at the colon (the paper's table)",
+        "## Layer 0 at the colon (the paper's table)" if not meta.get("entry_depth") else
+        f"## Depth {meta['entry_depth']} at the colon, where this design's feedback enters",
         "",
-        paper_table(df),
+        paper_table(df, int(meta.get("entry_depth", 0))),
         "",
         "Decodable is not the same as used: only causal tests say whether the model relies on it.",
         "",

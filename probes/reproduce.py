@@ -69,7 +69,11 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
         with bars(label, 1) if bars else nullcontext() as bar:
             anatomy += run(task="delayed_memory", out=out / label, progress=bar)[1][:-1]
     report = write_report(out)
-    lines = [format_layer0(layer0_table(df)), "", "Decodable vs used (fbt-probe intervene):"]
+    lines = [
+        format_layer0(layer0_table(df, model.entry_depth)),
+        "",
+        "Decodable vs used (fbt-probe intervene):",
+    ]
     lines += [f"  {headline(iv, t, p)}" for t, p in BATTERY]
     lines += ["", "Feedback anatomy (fbt-probe lens, trajectory):"] + [f"  {a}" for a in anatomy]
     lines += ["", f"wrote {out / 'probe_results.csv'}, {out / 'interventions' / 'interventions.csv'}, "

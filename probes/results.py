@@ -61,8 +61,10 @@ def primary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
-    """Task x target x prefill at ``depth``, pooled over counts 1..256: trained accuracy with
-    its interval, chance, majority, the random-init control, permuted labels, the paper."""
+    """Task x target x prefill at ``depth`` (the feedback's entry: 0 in the paper's design,
+    ``entry_depth`` of a fit's meta in general), pooled over counts 1..256: trained accuracy
+    with its interval, chance, majority, the random-init control, permuted labels, the paper
+    (at depth 0)."""
     pooled = df[(df.distractors == POOLED) & (df.overwrites == "all") & (df.depth == depth)]
     rows = []
     keys = ["task", "target", "probe", "site", "prefill"]
@@ -79,9 +81,18 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
             "chance": r.chance, "majority": r.majority,
             "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
             "permuted": perm.accuracy.iloc[0] if len(perm) else float("nan"),
-            "paper": PAPER_LAYER0.get((task, prefill), "") if site == "resid" else "",
+            "paper": PAPER_LAYER0.get((task, prefill), "") if site == "resid" and depth == 0 else "",
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def entry_depth(results: str | Path) -> int:
+    """The depth where a fit's model takes its feedback (``probe_results.json``; 0 for a fit
+    written before designs had an entry of their own)."""
+    import json
+
+    meta = json.loads((Path(results) / "probe_results.json").read_text())
+    return int(meta.get("entry_depth", 0)) if isinstance(meta, dict) else 0
 
 
 def format_layer0(table: pd.DataFrame) -> str:

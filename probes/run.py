@@ -277,7 +277,7 @@ def fit_meta(model, model_name, models, datasets, prefills, probe, sites, skippe
         "skipped": [f"{s} under {p} prefill (does not fire)" for s, p in skipped], "folds": folds, "fold_seed": seed,
         "bootstrap_seed": seed, "permutation_seed": seed + 1, "random_init_seed": seed, "C_grid": list(grid),
         "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
-        "model_config": model.cfg.to_dict(), "versions": versions(),
+        "model_config": model.cfg.to_dict(), "entry_depth": model.entry_depth, "versions": versions(),
     }  # fmt: skip
 
 

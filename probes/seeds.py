@@ -66,7 +66,7 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
         data[t] = path
     df = run_fit(model, name, tasks, PREFILLS, data, run / "probe", controls=False,
                  per_count=False, cache_dir=run.parent / ".cache", progress=progress)  # fmt: skip
-    row.update(probe_entries(df))
+    row.update(probe_entries(df, model.entry_depth))
     return row
 
 
@@ -74,13 +74,14 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
 SIDE = ("chance/", "ci_low/", "ci_high/")
 
 
-def probe_entries(df: pd.DataFrame) -> dict:
-    """The layer-0 probe entries of a seed's row from ``fit``'s results: accuracy, chance and
-    the accuracy's interval per task x target x prefill."""
+def probe_entries(df: pd.DataFrame, depth: int = 0) -> dict:
+    """The probe entries of a seed's row from ``fit``'s results, at the feedback's entry
+    ``depth`` (layer 0 in the paper's design): accuracy, chance and the accuracy's interval
+    per task x target x prefill."""
     from probes.results import layer0_table
 
     out = {}
-    for r in layer0_table(df).itertuples():
+    for r in layer0_table(df, depth).itertuples():
         key = f"{r.task}/{r.target}/{r.prefill}"
         out[f"probe/{key}"] = r.accuracy
         out[f"chance/{key}"] = r.chance

@@ -217,3 +217,33 @@ def test_training_a_design_and_refusing_it_on_a_hugging_face_model(tmp_path):
         "error: model.feedback_source and model.feedback_target: a Hugging Face model feeds its "
         "top state into its embeddings only"
     ]
+
+
+def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from cli import app
+    from fbt_probe.checkpoint import save_model
+    from probes.report import write_report
+    from probes.results import layer0_table
+    from tasks.generate import generate_dataset
+
+    cfg = build_cfg(n_layers=3, n_heads=2, d_model=32, n_ctx=320, feedback_target=1)
+    save_model(FBTModel(cfg, seed=2), tmp_path / "m")
+    data = generate_dataset("delayed_memory", tmp_path / "d.parquet", n_groups=12,
+                            distractors=(1, 4), seed=3)  # fmt: skip
+    out = tmp_path / "res"
+    r = CliRunner().invoke(app, ["fit", "--model", str(tmp_path / "m"), "--data", str(data),
+                                 "--out", str(out), "-p", "standard,recurrent", "--folds", "3"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "depth 1 (block 1's input, where the feedback enters) at the colon" in r.output
+    assert json.loads((out / "probe_results.json").read_text())["entry_depth"] == 1
+    df = pd.read_csv(out / "probe_results.csv")
+    table = layer0_table(df, 1)
+    row = table[table.prefill == "recurrent"].iloc[0]
+    want = df[(df.depth == 1) & (df.prefill == "recurrent") & (df.model == "trained")
+              & (df.distractors == "1-256")].accuracy.iloc[0]  # fmt: skip
+    assert row.accuracy == want and row.paper == ""  # the paper's numbers are layer 0's
+    text = write_report(out).read_text()
+    assert "## Depth 1 at the colon, where this design's feedback enters" in text
