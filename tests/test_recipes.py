@@ -255,9 +255,17 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "single-pass-window",
         "smeared-keys",
         "upcycle-smollm2",
+        *(f"design-{d}" for d in ("paper", "top-to-2", "2-to-1", "replace", "additive", "none")),
     }
     for n in recipe_names():
         assert named_config(n).name == n
+    # the design comparison: one schedule, seed and budget; only the feedback differs
+    designs = {n: named_config(n).to_dict() for n in recipe_names() if n.startswith("design-")}
+    feedback = ("fusion", "feedback_source", "feedback_target")
+    rest = [{**d, "name": "", "model": {k: v for k, v in d["model"].items() if k not in feedback}}
+            for d in designs.values()]  # fmt: skip
+    assert all(r == rest[0] for r in rest) and designs["design-paper"]["steps"] == 600
+    assert len({tuple(d["model"][k] for k in feedback) for d in designs.values()}) == 6
     # the code defaults: the paper's objective, one phase, no tuned mechanism
     c = TrainConfig()
     assert len(c.schedule) == 1 and tuple(c.schedule[0].passes) == (0.75, 0.22, 0.03)
