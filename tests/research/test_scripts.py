@@ -219,3 +219,21 @@ def test_the_hardening_audit_checks_the_promise_and_its_cases_hold(tmp_path, mon
     sample = [c for c in cases if "optim.lr" in c[0] or "--distractors" in c[0] or "lens" in c[0]]
     results = [(n, ha.check(argv, k, tmp_path)) for n, argv, k in sample]
     assert len(results) >= 20 and [r for r in results if r[1]] == []
+
+
+def test_the_design_comparison_tabulates_each_measure_by_design_with_every_seed(tmp_path):
+    import pandas as pd
+
+    dz = _script("designs")
+    cols = [c for c, _ in dz.MEASURES]
+    rows = [{"design": d, "seed": s, "verdict": "converging", **{c: 0.1 * (i + 1) for c in cols},
+             "delayed_memory/full": v} for i, (d, s, v) in
+            enumerate([("paper", 0, 0.5), ("paper", 1, 1.0), ("none", 0, 0.25)])]  # fmt: skip
+    dz.write_markdown(pd.DataFrame(rows), tmp_path / "t.md")
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    assert lines[0] == "| measure | paper | none |"
+    full = next(ln for ln in lines if ln.startswith("| delayed_memory: answers, full decoding"))
+    assert full == "| delayed_memory: answers, full decoding | 0.750 [0.500, 1.000] | 0.250 |"
+    assert lines[-1] == "| seeds | 0, 1 | 0 |" and len(lines) == 2 + len(cols) + 2
+    dz.plot(pd.DataFrame(rows), tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 10_000
