@@ -84,7 +84,9 @@ def lipschitz_estimate(
             jv = jv * mask
         x = s.clone().requires_grad_(True)
         y = _feedback_step(m, x, e, plain).states * mask
-        (jtjv,) = torch.autograd.grad(y, x, grad_outputs=jv)
+        (jtjv,) = torch.autograd.grad(y, x, grad_outputs=jv, allow_unused=True)
+        if jtjv is None:  # the pass does not read the states at all (no fusion): J = 0
+            return 0.0
         jtjv = jtjv * mask
         n = jtjv.norm()
         if not torch.isfinite(n) or n == 0:

@@ -247,3 +247,13 @@ def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
     assert row.accuracy == want and row.paper == ""  # the paper's numbers are layer 0's
     text = write_report(out).read_text()
     assert "## Depth 1 at the colon, where this design's feedback enters" in text
+
+
+def test_stability_of_a_model_without_feedback_is_a_constant_map():
+    from fbt_probe.stability import heldout_batch, jacobi_trajectory
+
+    m = FBTModel(build_cfg(n_layers=2, n_ctx=320, fusion="none"), seed=0).eval()
+    batch = heldout_batch(("delayed_memory",), 4)
+    rows = jacobi_trajectory(m, batch, 3, lipschitz_at=(2, 3))
+    assert rows[1]["lipschitz"] == 0.0  # the map from states to states reads no state
+    assert all(r["delta_mean"] == 0 for r in rows[1:])  # every pass is pass 1
