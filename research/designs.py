@@ -67,7 +67,8 @@ def contraction(run: Path) -> dict:
         stability(models=(str(run),), passes=30, out=out, decode_tokens=0)
     df = pd.read_csv(out / "stability.csv")
     by = df.set_index("pass")
-    ratio = by.delta_mean.get(30, float("nan")) / by.delta_mean.get(2, float("nan"))
+    first = by.delta_mean.get(2, float("nan"))
+    ratio = by.delta_mean.get(30, 0.0) / first if first > 0 else float("nan")
     return {"contraction_30_over_2": float(ratio), "verdict": verdict(df.to_dict("records"))}
 
 
@@ -126,17 +127,23 @@ MEASURES = (
 )  # fmt: skip
 
 
+# a ratio that spans decades, and minutes; "–" where a value is undefined (no state change)
+FORMATS = {"contraction_30_over_2": "{:.1e}", "train_minutes": "{:.1f}"}
+
+
 def write_markdown(df: pd.DataFrame, path: Path) -> None:
     """One row per measure, one column per design: the mean over seeds, each seed's value in
     brackets."""
     designs = list(dict.fromkeys(df.design))
     lines = ["| measure | " + " | ".join(designs) + " |", "|---" * (len(designs) + 1) + "|"]
     for col, label in MEASURES:
+        fmt = FORMATS.get(col, "{:.3f}")
+        show = lambda x, fmt=fmt: "–" if x != x else fmt.format(x)  # noqa: E731
         cells = []
         for d in designs:
             v = df[df.design == d][col]
-            each = ", ".join(f"{x:.3f}" for x in v)
-            cells.append(f"{v.mean():.3f} [{each}]" if len(v) > 1 else each)
+            each = ", ".join(show(x) for x in v)
+            cells.append(f"{show(v.mean())} [{each}]" if len(v) > 1 else each)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     verdicts = [", ".join(df[df.design == d].verdict) for d in designs]
     lines.append("| stability verdict | " + " | ".join(verdicts) + " |")
@@ -153,15 +160,18 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 
     means = df.groupby("design", sort=False).mean(numeric_only=True)
     panels = [("answers, full decoding", [f"{t}/full" for t in TASKS]),
+              ("probe at the entry, standard prefill", [f"{t}/probe_standard" for t in TASKS]),
               ("probe at the entry, recurrent prefill", [f"{t}/probe_recurrent" for t in TASKS]),
-              ("flips from interchanging the state", [f"{t}/state_flips" for t in TASKS])]  # fmt: skip
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), sharey=True)
+              ("flips, interchanging the state", [f"{t}/state_flips" for t in TASKS]),
+              ("flips, interchanging the label token", [f"{t}/token_flips" for t in TASKS])]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.4), sharey=True)
     for ax, (title, cols) in zip(axes, panels, strict=True):
-        means[cols].rename(columns=lambda c: c.split("/")[0]).plot.bar(ax=ax, rot=45)
-        ax.set_title(title, fontsize=10)
+        means[cols].rename(columns=lambda c: c.split("/")[0]).plot.bar(ax=ax, rot=60, legend=False)
+        ax.set_title(title, fontsize=9)
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("")
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=2, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
