@@ -48,15 +48,13 @@ def recurrence_steps(
     model's passes compute their logits lazily, so does the whole recurrence."""
     outs = []
     h_prev = carry
-    x, below = emb, feedback_target(model)
+    x, first, below = emb, 0, feedback_target(model)
     if below:  # no state reaches the blocks below the target: run them once, every position
         model.set_context(None, None, start)
-        x = torch.cat(
-            [emb[:, :start], model.run_blocks(emb[:, start:], start, cache, 0, below)[0]], 1
-        )
+        x, first = model.run_blocks(emb[:, start:], start, cache, 0, below)[0], start
     for t in range(start, emb.shape[1]):
         out = model.feedback_pass(
-            x[:, t : t + 1],
+            x[:, t - first : t - first + 1],
             carry=h_prev,
             plain=plain[:, t : t + 1],
             offset=t,
