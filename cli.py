@@ -534,6 +534,44 @@ def heads(
 
 @app.command()
 @user_errors
+def view(
+    model: str = MODEL,
+    task: str = typer.Option("delayed_memory", "--task", "-t", help="One task."),
+    examples: str = typer.Option("", "--examples", "-e", help="Dataset rows, e.g. 3,17 (at most 8); "
+                                 "default: the first two with 8 distractors."),
+    data: Path = DATA,
+    probes: Path = typer.Option(Path("results"), "--probes", help="A fit's results folder (its probes/)."),
+    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes shown (1..8)."),
+    out: Path = typer.Option(Path("results/view.html"), "--out", "-o", help="The page (.html)."),
+    device: str = DEVICE,
+) -> None:  # fmt: skip
+    """One offline page of chosen examples: tokens, the saved probes' predictions at every
+    depth and pass, the logit lens and its read of the fed-back state, attention by head.
+
+    Library: probes.view.view."""
+    from probes.view import view as run
+
+    verb("view", run, model=model, task=task, examples=examples, data=data, probes=probes,
+         passes=passes, out=out, device=device)  # fmt: skip
+
+
+@app.command()
+@user_errors
+def report(
+    results: Path = typer.Option(Path("results"), "--results", "-r", help="Folder holding probe_results.csv."),
+) -> None:  # fmt: skip
+    """Write report.md and report.html (one offline page: sortable tables, figures embedded,
+    heatmaps that show accuracy, interval and n on hover) from a results folder.
+
+    Library: probes.report.write_report."""
+    from probes.report import write_report
+
+    md = write_report(results)
+    typer.echo(f"wrote {md} and {md.with_suffix('.html')}")
+
+
+@app.command()
+@user_errors
 def stability(
     model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
                                     "folder; repeat to compare models in one figure."),

