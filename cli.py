@@ -590,6 +590,33 @@ def stability(
         typer.echo(line)
 
 
+# every --help ends with one example: a command a user can run as it stands
+EXAMPLES = {
+    "generate": "fbt-probe generate --task done_tracking --twins --out data/done_tracking-twins.parquet",
+    "train": "fbt-probe train --config tiny --set steps=200 --out runs/tiny",
+    "recipe": "fbt-probe recipe paper --cost",
+    "run": "fbt-probe seeds run --config tiny --seeds 0-2 --out runs/tiny-seeds",
+    "merge": "fbt-probe seeds merge runs/seeds-a runs/seeds-b --out runs/seeds",
+    "convert": "fbt-probe convert --gguf smollm2 --out models/smollm2",
+    "eval": "fbt-probe eval --model default --json",
+    "fit": "fbt-probe fit --task delayed_memory --prefill standard,recurrent --out results",
+    "intervene": "fbt-probe intervene --task done_tracking --prefill full --intervention interchange_state",
+    "plot": "fbt-probe plot --results results",
+    "reproduce": "fbt-probe reproduce --out results",
+    "lens": "fbt-probe lens --task delayed_memory --passes 3",
+    "trajectory": "fbt-probe trajectory --task delayed_memory --passes 8",
+    "patch": "fbt-probe patch --task delayed_memory --prefill recurrent --kinds resid,head",
+    "heads": "fbt-probe heads --task delayed_memory --passes 2",
+    "view": "fbt-probe view --task delayed_memory --examples 4,14 --out results/view.html",
+    "report": "fbt-probe report --results results",
+    "stability": "fbt-probe stability --passes 30 --task done_tracking",
+}
+for _info in [*app.registered_commands, *seeds_app.registered_commands]:
+    _info.epilog = (
+        f"\b\nExample: {EXAMPLES[_info.name or _info.callback.__name__]}"  # \b: unwrapped
+    )
+
+
 def main() -> None:
     """Console entry point: usage errors also become one line; SIGTERM cleans up as Ctrl-C
     does (partial files are removed) and exits 130 with one line."""

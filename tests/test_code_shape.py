@@ -12,8 +12,9 @@ LIBRARY = ("fbt_probe", "probes", "tasks", "cli.py")
 MAX_FUNCTION_LINES = 60  # decorators and docstring included
 # the CLI grows by one thin command per verb (the anatomy verbs lens, trajectory, patch and
 # heads took it past the 500 lines of 13 verbs); what keeps it thin is that each command's
-# code after its docstring only parses, calls one library function and prints
-MAX_CLI_LINES = 600
+# code after its docstring only parses, calls one library function and prints; each --help
+# ends with an example (EXAMPLES)
+MAX_CLI_LINES = 680
 MAX_COMMAND_BODY = 20
 
 

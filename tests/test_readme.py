@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def python_blocks() -> list[str]:
@@ -33,3 +34,44 @@ def test_the_readmes_python_blocks_run_in_order(capsys):
     clean, patched = scope["out"].logits, scope["patched"].logits
     assert (clean[:, :-1] == patched[:, :-1]).all() and not (clean[:, -1] == patched[:, -1]).all()
     assert str(labels) in capsys.readouterr().out
+
+
+def _commands(group, prefix=()):
+    """(words, click command) of every leaf command under ``group``."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_every_help_ends_with_an_example_that_parses():
+    import shlex
+
+    import typer
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    root = typer.main.get_command(app)
+    seen = []
+    for words, cmd in _commands(root):
+        got = CliRunner().invoke(app, [*words, "--help"], terminal_width=200)
+        assert got.exit_code == 0, words
+        last = got.output.strip().splitlines()[-1].strip()
+        assert last.startswith("Example: fbt-probe " + " ".join(words)), (words, last)
+        argv = shlex.split(last.removeprefix("Example: fbt-probe "))[len(words) :]
+        # the example's options and values parse as the command declares them
+        ctx = cmd.make_context(" ".join(words), argv)
+        assert not ctx.args, (words, ctx.args)
+        seen.append(" ".join(words))
+    assert {"view", "report", "seeds run", "seeds merge", "fit"} <= set(seen) and len(seen) == 18
+
+
+def test_every_docs_page_with_figures_names_the_command_that_made_them():
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        if re.search(r"!\[[^\]]*\]\(", text):
+            assert re.search(
+                r"`(fbt-probe|python research/|python bench/|bash scripts/)[^`]*`", text
+            ), page.name
