@@ -133,7 +133,7 @@ def lens_reads(model, caches, hooks, words) -> list[list[dict]]:
 
 
 def patterns(caches, n_layers: int) -> list[list[list[list[int]]]]:
-    """[pass][layer][head]: the causal pattern's lower triangle, row by row, in percent."""
+    """``[pass][layer][head]``: the causal pattern's lower triangle, row by row, in percent."""
     out = []
     for cache in caches:
         layers = []
