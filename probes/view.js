@@ -21,6 +21,9 @@
     return `<label>${label} <select id="${id}">${opts}</select></label>`;
   }
   function range(n) { return [...Array(n).keys()]; }
+  // attention weights: one character each (probes/view.py encode_weights)
+  const LEVEL = {}; [...D.alphabet].forEach((c, i) => { LEVEL[c] = i / (D.alphabet.length - 1); });
+  const weight = (s, k) => LEVEL[s[k]];
 
   function controls() {
     const ex = D.examples[state.ex];
@@ -46,8 +49,8 @@
     const row = D.heads ? attnRow(ex, q) : null;
     const spans = ex.tokens.map((t, i) => {
       let style = '';
-      if (row && i <= q) { const [bg, fg] = colour(row[i] / 100); style = ` style="background:${bg};color:${fg}"`; }
-      const tip = `position ${i}: ${t}` + (row && i <= q ? `\nattention from ${q}: ${(row[i] / 100).toFixed(2)}` : '') + (i === ex.colon ? '\n(the colon: the answer is read here)' : '');
+      if (row && i <= q) { const [bg, fg] = colour(row[i]); style = ` style="background:${bg};color:${fg}"`; }
+      const tip = `position ${i}: ${t}` + (row && i <= q ? `\nattention from ${q}: ${row[i].toFixed(2)}` : '') + (i === ex.colon ? '\n(the colon: the answer is read here)' : '');
       return `<span data-pos="${i}" class="${i === q ? 'sel' : ''}"${style} data-tip="${esc(tip)}">${esc(t)}</span>`;
     }).join('');
     return `<h2>Tokens</h2><p>Answer: <code>${esc(ex.labels.join(' '))}</code>. Click a token to see where it attends (layer ${state.layer}, head ${state.head}, pass ${state.pass + 1}); the outlined one is the query.</p><div class="tokens" id="tokens">${spans}</div>`;
@@ -56,7 +59,7 @@
   function attnRow(ex, q) {
     const tri = ex.attention[state.pass][state.layer][state.head];
     const start = q * (q + 1) / 2;
-    return tri.slice(start, start + q + 1);
+    return [...tri.slice(start, start + q + 1)].map(c => LEVEL[c]);
   }
 
   function grid(id, title, rowNames, ex, cellOf, note) {
@@ -106,14 +109,14 @@
     const g = cv.getContext('2d'), cell = +cv.dataset.cell, tri = ex.attention[state.pass][state.layer][state.head];
     let k = 0;
     for (let q = 0; q < ex.tokens.length; q++) {
-      for (let j = 0; j <= q; j++, k++) { g.fillStyle = colour(tri[k] / 100)[0]; g.fillRect(j * cell, q * cell, cell, cell); }
+      for (let j = 0; j <= q; j++, k++) { g.fillStyle = colour(weight(tri, k))[0]; g.fillRect(j * cell, q * cell, cell, cell); }
     }
     const tip = document.getElementById('tip');
     const at = e => { const r = cv.getBoundingClientRect(); return [Math.floor((e.clientY - r.top) / cell), Math.floor((e.clientX - r.left) / cell)]; };
     cv.addEventListener('mousemove', e => {
       const [q, j] = at(e);
       if (q < 0 || j < 0 || q >= ex.tokens.length || j > q) { tip.style.display = 'none'; return; }
-      tip.textContent = `query ${q} (${ex.tokens[q]}) -> key ${j} (${ex.tokens[j]}): ${(tri[q * (q + 1) / 2 + j] / 100).toFixed(2)}`;
+      tip.textContent = `query ${q} (${ex.tokens[q]}) -> key ${j} (${ex.tokens[j]}): ${weight(tri, q * (q + 1) / 2 + j).toFixed(2)}`;
       tip.style.display = 'block';
     });
     cv.addEventListener('mouseleave', () => { tip.style.display = 'none'; });

@@ -132,16 +132,28 @@ def lens_reads(model, caches, hooks, words) -> list[list[dict]]:
     return out
 
 
-def patterns(caches, n_layers: int) -> list[list[list[list[int]]]]:
-    """``[pass][layer][head]``: the causal pattern's lower triangle, row by row, in percent."""
+# attention weights travel as one character each: the printable ASCII characters a JSON
+# string holds as they are (all but '"' and '\\'), 93 levels of weight (steps of 1/92)
+ALPHABET = "".join(chr(c) for c in range(32, 127) if c not in (34, 92))
+LEVELS = len(ALPHABET) - 1
+
+
+def encode_weights(w: torch.Tensor) -> str:
+    """Weights in [0, 1] as a string, one character of ALPHABET per weight."""
+    idx = (w.float().clamp(0, 1) * LEVELS).round().to(torch.int64).cpu().numpy()
+    return "".join(np.array(list(ALPHABET))[idx.ravel()])
+
+
+def patterns(caches, n_layers: int) -> list[list[list[str]]]:
+    """``[pass][layer][head]``: the causal pattern's lower triangle, row by row, encoded by
+    ``encode_weights`` (the page decodes it)."""
     out = []
     for cache in caches:
         layers = []
         for layer in range(n_layers):
             a = cache[f"blocks.{layer}.attn.hook_pattern"][0]  # (head, q, k)
             rows = torch.tril_indices(a.shape[-1], a.shape[-1])
-            tri = (a[:, rows[0], rows[1]] * 100).round().to(torch.int16)
-            layers.append(tri.tolist())
+            layers.append([encode_weights(h[rows[0], rows[1]]) for h in a])
         out.append(layers)
     return out
 
@@ -199,7 +211,8 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
         if progress is not None:
             progress(k + 1, len(rows), f"{task}: row {r}")
     doc = {"model": name, "task": task, "passes": passes, "layers": m.cfg.n_layers,
-           "heads": m.n_heads, "probe_note": note, "examples": shown}  # fmt: skip
+           "heads": m.n_heads, "probe_note": note, "examples": shown,
+           "alphabet": ALPHABET}  # fmt: skip
     body = (f"<h1>fbt-probe view: {esc(task)} on {esc(name)}</h1>"
             '<div id="controls"></div><div id="app"></div>')  # fmt: skip
     write_page(out, page(f"fbt-probe view: {task}", body, data=doc, script=SCRIPT.read_text()))

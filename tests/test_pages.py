@@ -125,17 +125,22 @@ def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
                 ex["lens"][k][0]["name"] == "fed_state"
                 and fed[1:] == [c[0] for c in ex["lens"][k - 1][-1]["cells"]][:-1]
             )
-    # attention: each query's row sums to 1 (percent, rounded)
+    # attention: one character per weight; each query's row sums to 1 (to the rounding), and
+    # the weights are the pattern hook's
+    from probes.view import ALPHABET, LEVELS
+
     n = len(ex["tokens"])
+    assert np.array(ex["attention"]).shape == (3, model.cfg.n_layers, model.n_heads)
     for tri in (t for layers in ex["attention"] for heads in layers for t in heads):
-        sums = [sum(tri[q * (q + 1) // 2 : q * (q + 1) // 2 + q + 1]) for q in range(n)]
-        assert all(abs(s - 100) <= (q + 1) / 2 + 1 for q, s in enumerate(sums))
-    assert np.array(ex["attention"]).shape == (
-        3,
-        model.cfg.n_layers,
-        model.n_heads,
-        n * (n + 1) // 2,
-    )
+        w = np.array([ALPHABET.index(c) for c in tri]) / LEVELS
+        assert len(w) == n * (n + 1) // 2
+        sums = [w[q * (q + 1) // 2 : q * (q + 1) // 2 + q + 1].sum() for q in range(n)]
+        assert np.allclose(sums, 1.0, atol=(n + 1) / (2 * LEVELS) + 1e-9)
+    _, caches = model.run_with_pass_caches(ids, passes=3, names_filter="blocks.1.attn.hook_pattern")
+    a = caches[1]["blocks.1.attn.hook_pattern"][0, 2]  # pass 2, layer 1, head 2
+    rows = torch.tril_indices(n, n)
+    got = np.array([ALPHABET.index(c) for c in ex["attention"][1][1][2]]) / LEVELS
+    np.testing.assert_allclose(got, a[rows[0], rows[1]].numpy(), atol=0.5 / LEVELS + 1e-6)
     assert "rows 2, 5" in lines[0]
 
 
