@@ -7,7 +7,14 @@ on the default model's shape (d_model 128, 4 layers, 16 heads), batch 16 x 256 t
 targets 0..3 (the source the top state). 5 rounds, each timing every variant once; each
 ratio is the median over rounds of the ratio to target 0 within a round.
 
-Run: .venv/bin/python -m bench.designs   (prints a table, writes bench/designs.json)
+Training: each of the six ``design-*`` recipes (the same schedule, seed and batches) takes a
+forward and backward step (``train_step``) on the batches of steps STEPS, spread over the
+schedule's phases; 3 rounds, each timing every design once; each design's cost is its summed
+time over those steps, as a ratio to the paper's within a round (median over rounds). A
+seed study's own training minutes (``metrics.json``) are read by ``research/designs.py``, but
+a run that shared the machine's cores is slowed by whatever else ran: these ratios are not.
+
+Run: .venv/bin/python -m bench.designs   (prints two tables, writes bench/designs.json)
 """
 
 from __future__ import annotations
@@ -23,11 +30,37 @@ from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence
 
 B, T, ROUNDS = 16, 256, 5
+DESIGNS = ("paper", "top-to-2", "2-to-1", "replace", "additive", "none")
+STEPS, TRAIN_ROUNDS = (50, 150, 250, 350, 450, 550), 3
 
 
 def model_of(target: int) -> FBTModel:
     cfg = FBTConfig(n_heads=16, feedback_target=target, n_ctx=T)
     return FBTModel(cfg, seed=0).eval()
+
+
+def train_cost() -> list[dict]:
+    """Seconds of forward and backward per design on the same batches (see the docstring)."""
+    from fbt_probe.distributed import World
+    from fbt_probe.recipes import named_config
+    from fbt_probe.steps import draw_step
+    from fbt_probe.train import build_model, train_step
+
+    cfgs = {d: named_config(f"design-{d}") for d in DESIGNS}
+    models = {d: build_model(c) for d, c in cfgs.items()}
+    stream = cfgs["paper"].stream()  # the same stream for every design: one schedule and seed
+    draws = [draw_step(cfgs["paper"], stream, s) for s in STEPS]
+    secs = {d: [] for d in DESIGNS}
+    for _ in range(TRAIN_ROUNDS):
+        for d in DESIGNS:
+            t0 = time.perf_counter()
+            for draw in draws:
+                models[d].zero_grad(set_to_none=True)
+                train_step(models[d], models[d], draw, cfgs[d], World(), torch.device("cpu"))
+            secs[d].append(time.perf_counter() - t0)
+    base = np.array(secs["paper"])
+    return [{"design": d, "steps_timed": len(STEPS), "train_s": round(float(np.median(secs[d])), 2),
+             "vs_paper": round(float(np.median(np.array(secs[d]) / base)), 3)} for d in DESIGNS]  # fmt: skip
 
 
 def main() -> None:
@@ -47,8 +80,11 @@ def main() -> None:
                      "recurrence_s": round(float(np.median(secs[b])), 3),
                      "vs_target_0": round(ratio, 3), "blocks_ratio": round((4 - b) / 4, 3)})  # fmt: skip
     print(table(rows, list(rows[0])))  # noqa: T201
+    train_rows = train_cost()
+    print(table(train_rows, list(train_rows[0])))  # noqa: T201
     write_json("designs", {"machine": machine(), "batch": B, "tokens": T, "rounds": ROUNDS,
-                           "rows": rows})  # fmt: skip
+                           "rows": rows, "train_steps": list(STEPS), "train_rounds": TRAIN_ROUNDS,
+                           "train_rows": train_rows})  # fmt: skip
 
 
 if __name__ == "__main__":

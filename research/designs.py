@@ -132,8 +132,8 @@ FORMATS = {"contraction_30_over_2": "{:.1e}", "train_minutes": "{:.1f}"}
 
 
 def write_markdown(df: pd.DataFrame, path: Path) -> None:
-    """One row per measure, one column per design: the mean over seeds, each seed's value in
-    brackets."""
+    """One row per measure, one column per design: the mean over seeds, then each seed's value
+    in parentheses, in seed order ("0.722 (1.000 / 0.444)": seeds 0 and 1)."""
     designs = list(dict.fromkeys(df.design))
     lines = ["| measure | " + " | ".join(designs) + " |", "|---" * (len(designs) + 1) + "|"]
     for col, label in MEASURES:
@@ -142,12 +142,12 @@ def write_markdown(df: pd.DataFrame, path: Path) -> None:
         cells = []
         for d in designs:
             v = df[df.design == d][col]
-            each = ", ".join(show(x) for x in v)
-            cells.append(f"{show(v.mean())} [{each}]" if len(v) > 1 else each)
+            each = " / ".join(show(x) for x in v)
+            cells.append(f"{show(v.mean())} ({each})" if len(v) > 1 else each)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    verdicts = [", ".join(df[df.design == d].verdict) for d in designs]
+    verdicts = [" / ".join(df[df.design == d].verdict) for d in designs]
     lines.append("| stability verdict | " + " | ".join(verdicts) + " |")
-    seeds = [", ".join(map(str, df[df.design == d].seed)) for d in designs]
+    seeds = [" / ".join(map(str, df[df.design == d].seed)) for d in designs]
     lines.append("| seeds | " + " | ".join(seeds) + " |")
     path.write_text("\n".join(lines) + "\n")
 
