@@ -33,7 +33,7 @@ table.sortable th[data-dir=desc]::after{content:" \\25BC"}
 table.heat td.cell{text-align:center;min-width:3.2em;font-variant-numeric:tabular-nums}
 table.heat th{background:#fafafa;font-weight:normal}
 figure{margin:1em 0}figure img{max-width:100%}figcaption{font-size:12px;color:#555}
-.heatmap{display:inline-block;vertical-align:top;margin-right:2em}
+.heatmap{display:inline-block;vertical-align:top;margin-right:2em;max-width:100%;overflow-x:auto}
 .heatmap h3{font-size:14px;margin:.5em 0 0}
 #tip{position:fixed;pointer-events:none;background:#222;color:#fff;padding:4px 8px;
  border-radius:4px;font-size:12px;white-space:pre;display:none;z-index:10}
@@ -48,7 +48,8 @@ SCRIPT = r"""
 const tip=document.getElementById('tip');
 document.addEventListener('mouseover',e=>{const t=e.target.closest('[data-tip]');
   if(!t){tip.style.display='none';return;}tip.textContent=t.dataset.tip;tip.style.display='block';});
-document.addEventListener('mousemove',e=>{tip.style.left=(e.clientX+14)+'px';tip.style.top=(e.clientY+14)+'px';});
+document.addEventListener('mousemove',e=>{const w=tip.offsetWidth||0;
+  tip.style.left=Math.max(0,Math.min(e.clientX+14,window.innerWidth-w-8))+'px';tip.style.top=(e.clientY+14)+'px';});
 function key(td){const s=td.dataset.sort!==undefined?td.dataset.sort:td.textContent;
   const m=s.replace(/,/g,'').match(/-?\d+(\.\d+)?/);return m?parseFloat(m[0]):null;}
 window.fbtSortable=function(root){root.querySelectorAll('table.sortable').forEach(tb=>{
@@ -159,8 +160,10 @@ def markdown_html(text: str, image: Callable[[str, str], str]) -> str:
 
 def heatmap(title: str, rows: list, cols: list, cell: Callable, *, lo: float, hi: float,
             row_name: str = "", col_name: str = "", attrs: str = "") -> str:  # fmt: skip
-    """A heatmap as a table: ``cell(r, c)`` gives (value, tooltip text) or None for no cell.
-    Colours run from ``lo`` (the darkest) to ``hi``; every cell's tooltip says what it holds."""
+    """A heatmap as a table: ``cell(r, c)`` gives (value, tooltip text), or (shade, tooltip,
+    text) where the colour follows another scale than the number shown (a log scale), or None
+    for no cell. Colours run from ``lo`` (the darkest) to ``hi``; every cell's tooltip says
+    what it holds."""
     head = f"<th>{esc(row_name)} \\ {esc(col_name)}</th>" + "".join(
         f"<th>{esc(c)}</th>" for c in cols
     )
@@ -172,10 +175,11 @@ def heatmap(title: str, rows: list, cols: list, cell: Callable, *, lo: float, hi
             if got is None:
                 tds.append("<td></td>")
                 continue
-            v, tip = got
+            v, tip, *text = got
             bg, fg = colour(v, lo, hi)
+            shown = text[0] if text else f"{v:.2f}"
             tds.append(f'<td class="cell" style="background:{bg};color:{fg}" data-value="{v:.4f}" '
-                       f'data-tip="{esc(tip)}" title="{esc(tip)}">{v:.2f}</td>')  # fmt: skip
+                       f'data-tip="{esc(tip)}" title="{esc(tip)}">{esc(shown)}</td>')  # fmt: skip
         body.append("<tr>" + "".join(tds) + "</tr>")
     return (f'<div class="heatmap"{attrs}><h3>{esc(title)}</h3><table class="heat"><thead><tr>'
             f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")  # fmt: skip

@@ -1,14 +1,17 @@
 """``report.html``: the report as one page that works offline.
 
 The same text and tables as ``report.md`` (tables sort by any column), figures embedded as
-data URIs, and each probe heatmap drawn as an interactive table from ``probe_results.csv``:
-hovering a cell shows its accuracy, its 95 % interval and the examples and groups behind it.
+data URIs, and each heatmap drawn as an interactive table from the CSV behind it: the probe
+heatmaps from ``probe_results.csv`` (hover: accuracy, 95 % interval, the examples and groups
+behind it), the interventions' from ``interventions/interventions.csv`` and the lens's from
+``lens/lens.csv`` (hover: the value, its interval and n). Curves stay embedded PNGs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from probes.html import esc, heatmap, image_uri, markdown_html, page, write_page
@@ -102,36 +105,189 @@ def overwrites(df: pd.DataFrame, task: str) -> list[str]:
     return out
 
 
-# the probe heatmaps (probes/plot.py) by the suffix of their figure's stem
-INTERACTIVE = {"_prefill_by_depth": prefill_by_depth, "_depth_by_count": depth_by_count,
-               "_overwrites": overwrites}  # fmt: skip
+def _value_tip(r, what: str, metric: str) -> str:
+    return (f"{what}\n{metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
+            f"n = {int(r.n_examples)} examples")  # fmt: skip
 
 
-def interactive(df: pd.DataFrame, stem: str) -> str | None:
-    """The interactive version of figure ``stem`` where there is one."""
-    for suffix, draw in INTERACTIVE.items():
-        task = stem.removeprefix("heatmap_").removesuffix(suffix)
-        if stem.startswith("heatmap_") and stem.endswith(suffix) and task in set(df.task):
-            parts = draw(df, task)
-            if parts:
-                return f'<figure class="interactive" data-figure="{esc(stem)}">{"".join(parts)}</figure>'
+def _rows_grid(g: pd.DataFrame, rows: list, cols: list, title: str, what, metric: str) -> str:
+    """A heatmap of ``g``'s ``value`` on [0, 1], one row of ``g`` per (row, col) cell."""
+    by = {(r.row, r.col): r for r in g.itertuples(index=False)}
+
+    def cell(a, b):
+        r = by.get((a, b))
+        return None if r is None else (r.value, _value_tip(r, what(a, b), metric))
+
+    return heatmap(title, rows, cols, cell, lo=0.0, hi=1.0)
+
+
+def interchange(iv: pd.DataFrame, task: str) -> list[str]:
+    """The interchange figure: flip rate by positions patched x prefill (probes.intervene_plot)."""
+    from fbt_probe.patching import STATE_HOOK
+    from probes.twins import WINDOWS
+
+    g = iv[
+        (iv.task == task) & (iv.intervention == "interchange_state") & (iv.metric == "flip_rate")
+    ]
+    if g.empty:
+        return []
+    g = g.assign(row=g.positions, col=[p if s == STATE_HOOK else f"{p} (patch only)"
+                                       for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
+    cols = [c for p in _prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.col)]
+    rows = [w for w in WINDOWS if w in set(g.row)]
+    return [_rows_grid(g, rows, cols, f"{task}: interchange the fed-back state with the twin's (flip rate)",
+                       lambda w, c: f"{task}, {c}, positions {w}", "flip rate")]  # fmt: skip
+
+
+def depth(iv: pd.DataFrame, task: str) -> list[str]:
+    """The depth figure: answer accuracy after erasing or steering at each depth, per prefill."""
+    from probes.intervene_plot import DEPTH_COLUMNS, _ladder, depth_of
+
+    out = []
+    for p in _prefills(iv[iv.task == task]):
+        g = iv[(iv.task == task) & (iv.prefill == p) & (iv.metric == "accuracy")
+               & iv.intervention.isin([n for n, _ in DEPTH_COLUMNS])]  # fmt: skip
+        if g.empty:
+            continue
+        ladder, parts = _ladder(g), []
+        for name, alpha in DEPTH_COLUMNS:
+            h = g[g.intervention == name]
+            h = h[h.alpha.isna()] if alpha is None else h[h.alpha == alpha]
+            label = name if alpha is None else f"{name} α={alpha:+g}"
+            parts.append(h.assign(col=label, row=[depth_of(s, ladder) for s in h.site]))
+        h = pd.concat(parts)
+        cols = list(dict.fromkeys(h.col))
+        out.append(_rows_grid(h, sorted(set(h.row)), cols, f"{task}, {p} prefill: answer accuracy by depth",
+                              lambda d, c, p=p: f"{task}, {p} prefill, {c} at depth {d}", "accuracy"))  # fmt: skip
+    return out
+
+
+def lens(ld: pd.DataFrame, task: str) -> list[str]:
+    """The lens figure: pass x read, the answer's probability and the KL to the final
+    distribution (coloured on a log scale, bright where it is small), per lens."""
+    from probes.lens_plot import READ_NAMES, _order
+
+    out = []
+    for name in dict.fromkeys(ld[ld.task == task].lens):
+        for metric, label in (
+            ("answer_prob", "answer probability"),
+            ("kl", "KL to the final distribution"),
+        ):
+            g = ld[
+                (ld.task == task)
+                & (ld.lens == name)
+                & (ld.metric == metric)
+                & (ld.distractors == POOLED)
+            ]
+            if g.empty:
+                continue
+            g = g.rename(columns={"pass": "k"})  # a keyword: itertuples would rename it
+            by = {(r.read, r.k): r for r in g.itertuples(index=False)}
+            reads, passes = _order(set(g.read)), sorted(set(g.k))
+            logs = np.log10(np.clip(g.value.to_numpy(dtype=float), 1e-4, None))
+
+            def cell(k, read, by=by, metric=metric, label=label, name=name):
+                r = by.get((read, k))
+                if r is None or r.value != r.value:
+                    return None
+                tip = _value_tip(
+                    r,
+                    f"{task}, {name} lens, pass {k}, read {READ_NAMES.get(read, 'depth ' + read)}",
+                    label,
+                )
+                if metric == "answer_prob":
+                    return r.value, tip
+                return -np.log10(max(r.value, 1e-4)), tip, f"{r.value:.2g}"
+
+            lo, hi = (0.0, 1.0) if metric == "answer_prob" else (-logs.max(), -logs.min())
+            cols = [READ_NAMES.get(r, r) for r in reads]
+            by_col = dict(zip(cols, reads, strict=True))
+            out.append(heatmap(f"{task}: {name} lens, {label}", passes, cols,
+                               lambda k, c, cell=cell, by_col=by_col: cell(k, by_col[c]), lo=lo, hi=hi,
+                               row_name="pass", col_name="read"))  # fmt: skip
+    return out
+
+
+def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
+    """The trajectory figure's heatmap: each pass's distance to the last, by position
+    (coloured on a log scale, bright where the state is still far from its last pass)."""
+    g = tr[(tr.task == task) & (tr.measure == "convergence")].rename(columns={"pass": "k"})
+    g = g[g.k < g.k.max()].astype({"k": int, "offset": int})  # the last pass is at distance 0
+    if g.empty:
+        return []
+    by = {(r.k, r.offset): r for r in g.itertuples(index=False)}
+    logs = np.log10(np.clip(g.value.to_numpy(dtype=float), 1e-9, None))
+
+    def cell(k, offset):
+        r = by.get((k, offset))
+        if r is None:
+            return None
+        tip = (f"{task}, pass {k}, position {offset} (0: where the answer is next)\n"
+               f"distance to the last pass {r.value:.3g}\nn = {int(r.n)} examples")  # fmt: skip
+        return float(np.log10(max(r.value, 1e-9))), tip, f"{r.value:.1g}"
+
+    return [heatmap(f"{task}: distance to the last pass, ||h(k) - h(K)|| / ||h(K)||", sorted(set(g.k)),
+                    sorted(set(g.offset)), cell, lo=float(logs.min()), hi=float(logs.max()),
+                    row_name="pass", col_name="position")]  # fmt: skip
+
+
+# every heatmap of the report by the prefix and suffix of its figure's stem, the table it is
+# drawn from (the probes' of probes/plot.py, the interventions', the lens's, the trajectory's)
+# and whether the figure has other panels, kept as the PNG below it
+INTERACTIVE = {("heatmap_", "_prefill_by_depth"): ("probes", prefill_by_depth, False),
+               ("heatmap_", "_depth_by_count"): ("probes", depth_by_count, False),
+               ("heatmap_", "_overwrites"): ("probes", overwrites, False),
+               ("interchange_", ""): ("interventions", interchange, False),
+               ("depth_", ""): ("interventions", depth, False),
+               ("lens_", ""): ("lens", lens, False),
+               ("trajectory_", ""): ("trajectory", trajectory, True)}  # fmt: skip
+
+
+def interactive(tables: dict[str, pd.DataFrame | None], stem: str) -> tuple[str, bool] | None:
+    """The interactive version of figure ``stem`` where there is one, and whether the PNG
+    is still to be shown (for its other panels)."""
+    for (prefix, suffix), (source, draw, keep) in INTERACTIVE.items():
+        df = tables.get(source)
+        if df is None or not (stem.startswith(prefix) and stem.endswith(suffix)):
+            continue
+        task = (
+            stem.removeprefix(prefix).removesuffix(suffix) if suffix else stem.removeprefix(prefix)
+        )
+        if task in set(df.task) and (parts := draw(df, task)):
+            html = (
+                f'<figure class="interactive" data-figure="{esc(stem)}">{"".join(parts)}</figure>'
+            )
+            return html, keep
     return None
+
+
+def _tables(res: Path, df: pd.DataFrame) -> dict[str, pd.DataFrame | None]:
+    iv, ld = res / "interventions" / "interventions.csv", res / "lens" / "lens.csv"
+    tr = res / "trajectory" / "trajectory.csv"
+    return {"probes": df, "trajectory": pd.read_csv(tr) if tr.is_file() else None,
+            "interventions": pd.read_csv(iv) if iv.is_file() else None,
+            "lens": pd.read_csv(ld, dtype={"read": str, "distractors": str}) if ld.is_file() else None}  # fmt: skip
 
 
 def write_report_html(res: Path, markdown: str, df: pd.DataFrame) -> Path:
     """``report.html`` beside ``report.md``, from the report's markdown and its table."""
 
+    tables = _tables(res, df)
+
     def image(alt: str, path: str) -> str:
         p = Path(path) if Path(path).is_absolute() else res / path
-        got = interactive(df, p.stem)
-        if got is not None:
-            return got
+        html, keep = interactive(tables, p.stem) or ("", True)
+        if not keep:
+            return html
         if not p.is_file():
-            return f"<p>(figure {esc(path)} is missing)</p>"
-        return f'<figure><img alt="{esc(alt)}" src="{image_uri(p)}"><figcaption>{esc(alt)}</figcaption></figure>'
+            return html + f"<p>(figure {esc(path)} is missing)</p>"
+        return (
+            html
+            + f'<figure><img alt="{esc(alt)}" src="{image_uri(p)}"><figcaption>{esc(alt)}</figcaption></figure>'
+        )
 
     body = markdown_html(markdown, image)
-    note = ("<p><em>Hover a heatmap's cell for its accuracy, interval and n; click a table's "
+    note = ("<p><em>Hover a heatmap's cell for its value, interval and n; click a table's "
             "header to sort by it.</em></p>")  # fmt: skip
     body = body.replace("</h1>", "</h1>" + note, 1)
     return write_page(res / "report.html", page("fbt-probe report", body))

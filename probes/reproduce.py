@@ -1,6 +1,6 @@
 """``fbt-probe reproduce``: the whole job on the built-in default model, optionally retrained
 first: fit (every task, prefill and control) -> plot -> a default intervention battery ->
-lens and trajectory on delayed_memory -> report."""
+lens and trajectory on delayed_memory -> report (report.md and report.html)."""
 
 from __future__ import annotations
 
@@ -77,5 +77,6 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     lines += [f"  {headline(iv, t, p)}" for t, p in BATTERY]
     lines += ["", "Feedback anatomy (fbt-probe lens, trajectory):"] + [f"  {a}" for a in anatomy]
     lines += ["", f"wrote {out / 'probe_results.csv'}, {out / 'interventions' / 'interventions.csv'}, "
-              f"figures in {out / 'figures'}, report {report} ({time.monotonic() - t0:.0f} s)"]  # fmt: skip
+              f"figures in {out / 'figures'}, report {report} and {report.with_suffix('.html')} "
+              f"({time.monotonic() - t0:.0f} s)"]  # fmt: skip
     return lines

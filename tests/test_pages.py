@@ -170,3 +170,58 @@ def test_report_command_writes_both_pages(results):  # noqa: F811
     assert got.exit_code == 0, got.output
     assert (res / "report.md").is_file() and (res / "report.html").stat().st_size > 1000
     assert pd.read_csv(res / "probe_results.csv").shape[0] > 0
+
+
+def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers():
+    from fbt_probe.patching import STATE_HOOK
+    from probes.report_html import interactive
+
+    rng = np.random.default_rng(0)
+    iv = []
+    for prefill in ("recurrent", "full"):
+        for w in ("label_next", "last4", "all"):
+            v = float(rng.uniform())
+            iv.append(dict(task="dm", prefill=prefill, intervention="interchange_state", site=STATE_HOOK,
+                           positions=w, alpha=np.nan, metric="flip_rate", value=v, ci_low=v - 0.1,
+                           ci_high=v + 0.1, n_examples=64))  # fmt: skip
+        for d in range(3):
+            site = f"blocks.{d}.hook_resid_pre"
+            for name, alpha in (
+                ("erase_probe", np.nan),
+                ("erase_random", np.nan),
+                ("steer_probe", 4.0),
+            ):
+                v = float(rng.uniform())
+                iv.append(dict(task="dm", prefill=prefill, intervention=name, site=site, positions="colon",
+                               alpha=alpha, metric="accuracy", value=v, ci_low=v, ci_high=v, n_examples=64))  # fmt: skip
+    iv = pd.DataFrame(iv)
+    ld = pd.DataFrame([dict(task="dm", lens="logit", read=r, distractors="1-256", metric=m,
+                            value=float(rng.uniform(0.001, 2)), ci_low=0.0, ci_high=3.0, n_examples=32, **{"pass": k})
+                       for k in (1, 2) for r in ("fed_state", "0", "1") for m in ("kl", "answer_prob")
+                       if not (k == 1 and r == "fed_state")])  # fmt: skip
+    tr = pd.DataFrame([dict(task="dm", measure="convergence", offset=o, value=10.0 ** -k, n=16, **{"pass": k})
+                       for k in (1, 2, 3) for o in (-2, -1, 0)])  # fmt: skip
+    tables = {"probes": None, "interventions": iv, "lens": ld, "trajectory": tr}
+    html, keep = interactive(tables, "interchange_dm")
+    assert not keep and html.count('class="cell"') == 6
+    r = iv[
+        (iv.prefill == "full")
+        & (iv.positions == "last4")
+        & (iv.intervention == "interchange_state")
+    ].iloc[0]
+    assert (
+        f"dm, full, positions last4\nflip rate {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        in html
+    )
+    html, _ = interactive(tables, "depth_dm")
+    assert html.count('class="cell"') == 2 * 3 * 3 and "steer_probe α=+4" in html
+    html, _ = interactive(tables, "lens_dm")
+    assert html.count('class="cell"') == 2 * 5  # two metrics x (2 reads in pass 1 + 3 in pass 2)
+    kl = ld[(ld.metric == "kl") & (ld.read == "1") & (ld["pass"] == 2)].value.item()
+    assert f"pass 2, read depth 1\nKL to the final distribution {kl:.3f}" in html
+    html, keep = interactive(tables, "trajectory_dm")
+    assert keep and html.count('class="cell"') == 2 * 3  # the last pass (0 by definition) left out
+    assert (
+        "pass 2, position -1 (0: where the answer is next)\ndistance to the last pass 0.01" in html
+    )
+    assert interactive(tables, "steering_dm") is None and interactive(tables, "lens_other") is None
