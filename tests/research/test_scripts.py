@@ -233,7 +233,7 @@ def test_the_design_comparison_tabulates_each_measure_by_design_with_every_seed(
     lines = (tmp_path / "t.md").read_text().splitlines()
     assert lines[0] == "| measure | paper | none |"
     full = next(ln for ln in lines if ln.startswith("| delayed_memory: answers, full decoding"))
-    assert full == "| delayed_memory: answers, full decoding | 0.750 [0.500, 1.000] | 0.250 |"
-    assert lines[-1] == "| seeds | 0, 1 | 0 |" and len(lines) == 2 + len(cols) + 2
+    assert full == "| delayed_memory: answers, full decoding | 0.750 (0.500 / 1.000) | 0.250 |"
+    assert lines[-1] == "| seeds | 0 / 1 | 0 |" and len(lines) == 2 + len(cols) + 2
     dz.plot(pd.DataFrame(rows), tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
