@@ -542,6 +542,8 @@ def view(
     data: Path = DATA,
     probes: Path = typer.Option(Path("results"), "--probes", help="A fit's results folder (its probes/)."),
     passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes shown (1..8)."),
+    tuned_lens: Path = typer.Option(None, "--tuned-lens", help="A tuned lens of fbt-probe lens (default: "
+                                    "<probes>/lens/tuned_lens where it fits the model)."),
     out: Path = typer.Option(Path("results/view.html"), "--out", "-o", help="The page (.html)."),
     device: str = DEVICE,
 ) -> None:  # fmt: skip
@@ -552,7 +554,7 @@ def view(
     from probes.view import view as run
 
     verb("view", run, model=model, task=task, examples=examples, data=data, probes=probes,
-         passes=passes, out=out, device=device)  # fmt: skip
+         passes=passes, tuned_lens=tuned_lens, out=out, device=device)  # fmt: skip
 
 
 @app.command()

@@ -92,9 +92,9 @@
 
   function lensPanel(ex) {
     const rows = ex.lens[state.pass];
-    return grid('lens', `Logit lens, pass ${state.pass + 1}`, rows.map(r => r.name), ex,
+    return grid('lens', `Lens, pass ${state.pass + 1}`, rows.map(r => r.name), ex,
       (r, i) => { const [w, p, top] = rows[r].cells[i]; return {v: p, text: w, tip: `${rows[r].name}, position ${i} (${ex.tokens[i]})\n${top}`}; },
-      'Each cell: the top token of the head applied there, brightness its probability. fed_state reads the fed-back state h<sub>t-1</sub> through the head, fed_value the fusion\'s value W<sub>U</sub> h<sub>t-1</sub> (from pass 2 on).');
+      'Each cell: the top token of the head applied there, brightness its probability. fed_state reads the fed-back state h<sub>t-1</sub> through the head, fed_value the fusion\'s value W<sub>U</sub> h<sub>t-1</sub> (from pass 2 on); "tuned d" rows read depth d through the tuned lens. ' + esc(D.lens_note) + '.');
   }
 
   function attentionPanel(ex) {

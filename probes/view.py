@@ -9,7 +9,9 @@ For each example, from one ``passes``-pass forward of its prompt (through the co
 - per pass, layer and head, the attention pattern (the ``blocks.{l}.attn.hook_pattern`` hooks);
 - per pass, the logit lens at every depth and position, and from pass 2 on the lens's reads of
   the fed-back state: ``fed_state`` (the head on h_{t-1}) and ``fed_value`` (the head on the
-  fusion's value W_U h_{t-1}; ``docs/anatomy.md``).
+  fusion's value W_U h_{t-1}; ``docs/anatomy.md``); with a tuned lens of ``fbt-probe lens``
+  (``--tuned-lens``, or the one in ``<probes>/lens/tuned_lens`` where it fits the model), its
+  read at every depth too.
 
 The page holds its data as JSON and draws it with its own script: no CDN, no server.
 """
@@ -84,6 +86,20 @@ def saved_probes(folder: Path, task: str, mhash: str) -> tuple[list, str]:
     return mine, f"probes from {folder}"
 
 
+def tuned_lens_of(model, mhash: str, folder, probes: Path):
+    """The tuned lens named (refused in one line unless it loads and fits the model), else the
+    one a fit's results folder holds (``lens/tuned_lens``, used only where it fits), and a note."""
+    from fbt_probe.lens import Translators
+
+    if folder is not None:
+        return Translators.load(folder, model, mhash), f"tuned lens from {folder}"
+    auto = probes / "lens" / "tuned_lens"
+    try:
+        return Translators.load(auto, model, mhash), f"tuned lens from {auto}"
+    except (OSError, ValueError):
+        return None, "no tuned lens (fbt-probe lens fits one)"
+
+
 def probe_reads(probes: list, xs: list[np.ndarray]) -> list[dict]:
     """Per pass: the prefill whose probes read it and, per target, each depth's predicted
     label at every position. ``xs[k]`` is pass k+1's residual (depths, pos, d_model)."""
@@ -110,9 +126,10 @@ def _top(model, read, x: torch.Tensor, words) -> list:
             for v, i in zip(val, idx, strict=True)]  # fmt: skip
 
 
-def lens_reads(model, caches, hooks, words) -> list[list[dict]]:
+def lens_reads(model, caches, hooks, words, tuned=None) -> list[list[dict]]:
     """Per pass, rows of lens reads over positions: fed_state and fed_value (from pass 2),
-    then the logit lens at each depth."""
+    the logit lens at each depth, then the tuned lens at each depth (with ``tuned``, a
+    ``fbt_probe.lens.Translators``)."""
     out = []
     for cache in caches:
         rows = []
@@ -128,6 +145,9 @@ def lens_reads(model, caches, hooks, words) -> list[list[dict]]:
                     "cells": _top(model, model.read_resid, cache[hook][0], words),
                 }
             )
+        for d, hook in enumerate(hooks if tuned is not None else []):
+            x = tuned.apply(d, cache[hook][0].float())
+            rows.append({"name": f"tuned {d}", "cells": _top(model, model.read_resid, x, words)})
         out.append(rows)
     return out
 
@@ -159,7 +179,7 @@ def patterns(caches, n_layers: int) -> list[list[list[str]]]:
 
 
 @torch.no_grad()
-def example_data(model, ds, row: int, passes: int, probes: list, words) -> dict:
+def example_data(model, ds, row: int, passes: int, probes: list, words, tuned=None) -> dict:
     """Everything the page shows of one example."""
     from fbt_probe.heads import pattern_hooks
 
@@ -175,13 +195,14 @@ def example_data(model, ds, row: int, passes: int, probes: list, words) -> dict:
         "row": row, "distractors": int(ds.n_distractors[row]), "colon": colon,
         "tokens": token_words(model, ids), "labels": list(ds.labels[row]),
         "probe": probe_reads(probes, xs),
-        "lens": lens_reads(model, caches, hooks, words),
+        "lens": lens_reads(model, caches, hooks, words, tuned),
         "attention": patterns(caches, model.cfg.n_layers) if model.n_heads else [],
     }  # fmt: skip
 
 
 def view(*, model: str = "default", task: str = "delayed_memory", examples: str = "",
          data: str | Path | None = None, probes: str | Path = "results", passes: int = 3,
+         tuned_lens: str | Path | None = None,
          out: str | Path = "results/view.html", device: str = "cpu", progress=None) -> tuple[Path, list[str]]:  # fmt: skip
     """``fbt-probe view`` (see the module docstring); every argument is checked first."""
     from fbt_probe.checkpoint import model_hash
@@ -204,18 +225,19 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
     ds = load_or_generate(task, data, m)
     rows = pick_examples(ds, examples)
     found, note = saved_probes(Path(probes), task, model_hash(m))
+    tuned, lens_note = tuned_lens_of(m, model_hash(m), tuned_lens, Path(probes))
     words = lambda i: token_words(m, [i])[0]  # noqa: E731
     shown = []
     for k, r in enumerate(rows):
-        shown.append(example_data(m, ds, r, passes, found, words))
+        shown.append(example_data(m, ds, r, passes, found, words, tuned))
         if progress is not None:
             progress(k + 1, len(rows), f"{task}: row {r}")
     doc = {"model": name, "task": task, "passes": passes, "layers": m.cfg.n_layers,
-           "heads": m.n_heads, "probe_note": note, "examples": shown,
+           "heads": m.n_heads, "probe_note": note, "lens_note": lens_note, "examples": shown,
            "alphabet": ALPHABET}  # fmt: skip
     body = (f"<h1>fbt-probe view: {esc(task)} on {esc(name)}</h1>"
             '<div id="controls"></div><div id="app"></div>')  # fmt: skip
     write_page(out, page(f"fbt-probe view: {task}", body, data=doc, script=SCRIPT.read_text()))
     size = out.stat().st_size / 2**20
     return out, [f"wrote {out} ({size:.1f} MB): {task}, rows {', '.join(map(str, rows))}, "
-                 f"{passes} passes; {note} ({time.monotonic() - t0:.1f} s)"]  # fmt: skip
+                 f"{passes} passes; {note}; {lens_note} ({time.monotonic() - t0:.1f} s)"]  # fmt: skip

@@ -225,3 +225,28 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
         "pass 2, position -1 (0: where the answer is next)\ndistance to the last pass 0.01" in html
     )
     assert interactive(tables, "steering_dm") is None and interactive(tables, "lens_other") is None
+
+
+def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted, tmp_path):
+    from fbt_probe.checkpoint import model_hash
+    from fbt_probe.lens import Translators
+    from probes.view import view
+
+    model, tmp, data = fitted
+    n, d = len(model.depth_hooks()), model.cfg.d_model
+    # the identity at every depth: its reads are the logit lens's
+    eye = Translators(
+        torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), {"model_hash": model_hash(model)}
+    )
+    eye.save(tmp_path / "lens" / "tuned_lens")
+    out, lines = view(data=data, probes=tmp_path, examples="3", passes=2, out=tmp_path / "v.html")
+    assert "tuned lens from" in lines[0]
+    rows = {r["name"]: [c[0] for c in r["cells"]] for r in page_data(out)["examples"][0]["lens"][1]}
+    assert [k for k in rows if k.startswith("tuned")] == [f"tuned {i}" for i in range(n)]
+    assert all(rows[f"tuned {i}"] == rows[f"depth {i}"] for i in range(n))
+    other = Translators(torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), {"model_hash": "0" * 16})
+    other.save(tmp_path / "other")
+    with pytest.raises(ValueError, match="fitted on model"):
+        view(data=data, tuned_lens=tmp_path / "other", out=tmp_path / "w.html")
+    _, lines = view(data=data, probes=tmp, examples="3", passes=1, out=tmp_path / "w.html")
+    assert "no tuned lens" in lines[0]
