@@ -1,6 +1,7 @@
 """``fbt-probe reproduce``: the whole job on the built-in default model, optionally retrained
 first: fit (every task, prefill and control) -> plot -> a default intervention battery ->
-lens and trajectory on delayed_memory -> report (report.md and report.html)."""
+lens and trajectory on delayed_memory -> report (report.md and report.html) and a view page of
+two examples (view.html)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     from probes.results import format_layer0, layer0_table
     from probes.run import run_fit
     from probes.trajectory_run import trajectory as run_trajectory
+    from probes.view import view
     from tasks.files import check_output_dir
 
     out = Path(out)
@@ -69,6 +71,9 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
         with bars(label, 1) if bars else nullcontext() as bar:
             anatomy += run(task="delayed_memory", out=out / label, progress=bar)[1][:-1]
     report = write_report(out)
+    page, _ = view(
+        probes=out, out=out / "view.html"
+    )  # two examples, the probes and tuned lens above
     lines = [
         format_layer0(layer0_table(df, model.entry_depth)),
         "",
@@ -77,6 +82,7 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     lines += [f"  {headline(iv, t, p)}" for t, p in BATTERY]
     lines += ["", "Feedback anatomy (fbt-probe lens, trajectory):"] + [f"  {a}" for a in anatomy]
     lines += ["", f"wrote {out / 'probe_results.csv'}, {out / 'interventions' / 'interventions.csv'}, "
-              f"figures in {out / 'figures'}, report {report} and {report.with_suffix('.html')} "
+              f"figures in {out / 'figures'}, report {report} and {report.with_suffix('.html')}, "
+              f"examples {page} "
               f"({time.monotonic() - t0:.0f} s)"]  # fmt: skip
     return lines
