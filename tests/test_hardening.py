@@ -178,19 +178,31 @@ def test_an_out_folder_that_is_a_file_fails_before_the_work(odd_paths, cmd, whic
 
 
 def test_sigterm_removes_the_partial_file(tmp_path):
-    # generate killed while it writes: no hidden temp file stays behind
-    out = tmp_path / "big.parquet"
-    cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task", "multi_register",
-           "--n-groups", "6000", "--out", str(out)]  # fmt: skip
-    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
-    t0 = time.monotonic()
-    while not any(tmp_path.iterdir()) and p.poll() is None and time.monotonic() - t0 < 120:
-        time.sleep(0.005)  # until the temporary file appears
-    assert p.poll() is None, "the run ended before it started writing"
-    p.terminate()
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
-    assert list(tmp_path.iterdir()) == []
+    # generate killed while it writes: no hidden temp file stays behind. The write is short,
+    # so a signal can come after it ends: such a run must have written its file whole, and
+    # the test tries again with a larger file until one is stopped mid-write
+    from tasks.dataset import load
+
+    for n_groups in (6000, 12000, 24000):
+        folder = tmp_path / str(n_groups)
+        folder.mkdir()
+        cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task", "multi_register",
+               "--n-groups", str(n_groups), "--out", str(folder / "big.parquet")]  # fmt: skip
+        p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        while not any(folder.iterdir()) and p.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.005)  # until the temporary file appears
+        assert p.poll() is None, "the run ended before it started writing"
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+        if p.returncode == 0:  # it finished first: the file is whole, and nothing else is there
+            assert [f.name for f in folder.iterdir()] == ["big.parquet"]
+            assert len(load(folder / "big.parquet")) == n_groups * 10
+            continue
+        assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
+        assert list(folder.iterdir()) == []
+        return
+    pytest.fail("every run finished before the signal came")
 
 
 # ---- datasets, caches, results tables, checkpoints, verdicts --------------------------------
