@@ -36,31 +36,52 @@ def _ladder(g: pd.DataFrame) -> list[str]:
     return sorted(set(g.site), key=lambda s: (s.endswith("resid_post"), int(s.split(".")[1])))
 
 
-def interchange_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
+def interchange_cells(df: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list, list]:
+    """The interchange figure's rows of ``df``, each with its ``row`` (the positions patched)
+    and ``col`` (the prefill, "(patch only)" where the state was patched without
+    propagating), and the rows' and columns' order. The PNG and report.html draw these."""
     g = df[(df.task == task) & (df.intervention == "interchange_state")
            & (df.metric == "flip_rate")]  # fmt: skip
     if g.empty:
+        return g, [], []
+    g = g.assign(row=g.positions, col=[p if s == STATE_HOOK else f"{p} (patch only)"
+                                       for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
+    cols = [c for p in _prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.col)]
+    return g, [w for w in WINDOWS if w in set(g.row)], cols
+
+
+def interchange_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
+    g, rows, cols = interchange_cells(df, task)
+    if g.empty:
         return pd.DataFrame()
-    g = g.assign(column=[p if s == STATE_HOOK else f"{p} (patch only)"
-                         for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
-    cols = [c for p in _prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.column)]
-    mat = g.pivot_table(index="positions", columns="column", values="value", aggfunc="first")
-    return mat.reindex(index=[w for w in WINDOWS if w in mat.index], columns=cols)
+    mat = g.pivot_table(index="row", columns="col", values="value", aggfunc="first")
+    mat = mat.reindex(index=rows, columns=cols)
+    mat.index.name, mat.columns.name = "positions", "column"
+    return mat
 
 
-def depth_matrix(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
+def depth_cells(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
+    """The depth figure's rows of ``df`` for one prefill, each with its ``row`` (the depth)
+    and ``col`` (the intervention, with its dose for steering), in DEPTH_COLUMNS order."""
     g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "accuracy")
            & df.intervention.isin([n for n, _ in DEPTH_COLUMNS])]  # fmt: skip
     if g.empty:
-        return pd.DataFrame()
-    ladder = _ladder(g)
-    out = {}
+        return g.assign(row=[], col=[])
+    ladder, parts = _ladder(g), []
     for name, alpha in DEPTH_COLUMNS:
         h = g[g.intervention == name]
         h = h[h.alpha.isna()] if alpha is None else h[h.alpha == alpha]
         label = name if alpha is None else f"{name} α={alpha:+g}"
-        out[label] = {depth_of(s, ladder): v for s, v in zip(h.site, h.value, strict=True)}
-    mat = pd.DataFrame(out)
+        parts.append(h.assign(col=label, row=[depth_of(s, ladder) for s in h.site]))
+    return pd.concat(parts)
+
+
+def depth_matrix(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
+    h = depth_cells(df, task, prefill)
+    if h.empty:
+        return pd.DataFrame()
+    mat = pd.DataFrame({c: dict(zip(g.row, g.value, strict=True))
+                        for c, g in h.groupby("col", sort=False)})  # fmt: skip
     mat.index.name = "depth"
     return mat.sort_index()
 

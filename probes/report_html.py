@@ -123,41 +123,26 @@ def _rows_grid(g: pd.DataFrame, rows: list, cols: list, title: str, what, metric
 
 def interchange(iv: pd.DataFrame, task: str) -> list[str]:
     """The interchange figure: flip rate by positions patched x prefill (probes.intervene_plot)."""
-    from fbt_probe.patching import STATE_HOOK
-    from probes.twins import WINDOWS
+    from probes.intervene_plot import interchange_cells
 
-    g = iv[
-        (iv.task == task) & (iv.intervention == "interchange_state") & (iv.metric == "flip_rate")
-    ]
+    g, rows, cols = interchange_cells(iv, task)
     if g.empty:
         return []
-    g = g.assign(row=g.positions, col=[p if s == STATE_HOOK else f"{p} (patch only)"
-                                       for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
-    cols = [c for p in _prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.col)]
-    rows = [w for w in WINDOWS if w in set(g.row)]
     return [_rows_grid(g, rows, cols, f"{task}: interchange the fed-back state with the twin's (flip rate)",
                        lambda w, c: f"{task}, {c}, positions {w}", "flip rate")]  # fmt: skip
 
 
 def depth(iv: pd.DataFrame, task: str) -> list[str]:
     """The depth figure: answer accuracy after erasing or steering at each depth, per prefill."""
-    from probes.intervene_plot import DEPTH_COLUMNS, _ladder, depth_of
+    from probes.intervene_plot import depth_cells
 
     out = []
     for p in _prefills(iv[iv.task == task]):
-        g = iv[(iv.task == task) & (iv.prefill == p) & (iv.metric == "accuracy")
-               & iv.intervention.isin([n for n, _ in DEPTH_COLUMNS])]  # fmt: skip
-        if g.empty:
+        h = depth_cells(iv, task, p)
+        if h.empty:
             continue
-        ladder, parts = _ladder(g), []
-        for name, alpha in DEPTH_COLUMNS:
-            h = g[g.intervention == name]
-            h = h[h.alpha.isna()] if alpha is None else h[h.alpha == alpha]
-            label = name if alpha is None else f"{name} α={alpha:+g}"
-            parts.append(h.assign(col=label, row=[depth_of(s, ladder) for s in h.site]))
-        h = pd.concat(parts)
-        cols = list(dict.fromkeys(h.col))
-        out.append(_rows_grid(h, sorted(set(h.row)), cols, f"{task}, {p} prefill: answer accuracy by depth",
+        out.append(_rows_grid(h, sorted(set(h.row)), list(dict.fromkeys(h.col)),
+                              f"{task}, {p} prefill: answer accuracy by depth",
                               lambda d, c, p=p: f"{task}, {p} prefill, {c} at depth {d}", "accuracy"))  # fmt: skip
     return out
 
