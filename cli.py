@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,10 +18,47 @@ import typer
 
 try:  # typer >= 0.20 vendors click; older releases use the click package
     from typer._click import exceptions as click_exceptions
+    from typer._click.utils import make_default_short_help as short_help
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
+    from click.utils import make_default_short_help as short_help
 
-app = typer.Typer(name="fbt-probe", no_args_is_help=True, add_completion=False,
+
+class Verbs(typer.core.TyperGroup):
+    """The verbs: the commands below, and one for every registered analysis (``probes``),
+    built when it is called; the list of verbs reads only the registry."""
+
+    def list_commands(self, ctx):
+        from probes import ANALYSES
+
+        return [*super().list_commands(ctx), *(n for n in ANALYSES if n not in self.commands)]
+
+    def get_command(self, ctx, name):
+        from probes import ANALYSES
+
+        if name not in self.commands and name in ANALYSES:
+            self.commands[name] = analysis_command(ANALYSES[name])
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        from probes import ANALYSES
+
+        names = [
+            n for n in self.list_commands(ctx) if not getattr(self.commands.get(n), "hidden", False)
+        ]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+
+        def short(name):  # an analysis's verb not built yet: its summary from the registry
+            cmd = self.commands.get(name)
+            return cmd.get_short_help_str(limit) if cmd else short_help(ANALYSES[name].help, limit)
+
+        with formatter.section("Commands"):
+            formatter.write_dl([(n, short(n)) for n in names])
+
+
+app = typer.Typer(name="fbt-probe", cls=Verbs, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, rich_markup_mode=None)  # fmt: skip
 seeds_app = typer.Typer(no_args_is_help=True, help="Seed studies: one recipe on several seeds.")
 app.add_typer(seeds_app, name="seeds")
@@ -95,16 +133,68 @@ def moved(flag: str, replacement: str) -> None:
     fail(f"train {flag}: moved to another command; use '{replacement}'")
 
 
+def help_lists() -> dict[str, str]:
+    """What a help text's ``{tasks}``, ``{recipes}``, ``{interventions}`` and ``{analyses}``
+    name: what is registered now, read only when that help is shown."""
+    import importlib.util
+
+    from probes import ANALYSES
+    from tasks import task_names
+
+    recipes = Path(importlib.util.find_spec("fbt_probe").submodule_search_locations[0]) / "recipes"
+    names = sorted(
+        (p.stem for p in recipes.glob("*.toml")), key=lambda n: (n != "default", n.lower())
+    )
+    lists = {"tasks": task_names(), "recipes": names, "analyses": tuple(ANALYSES)}
+
+    class Interventions(dict):  # the registry imports torch: only where a help names it
+        def __missing__(self, key):
+            from probes import INTERVENTIONS
+
+            return ", ".join(INTERVENTIONS)
+
+    return Interventions({k: ", ".join(v) for k, v in lists.items()})
+
+
+class Command(typer.core.TyperCommand):
+    """A verb whose options' help may name what is registered (``help_lists``); an
+    analysis's verb reads its options' docstrings only when its help is shown."""
+
+    options = None  # an analysis's options dataclass
+
+    def format_help(self, ctx, formatter):
+        if self.options is not None:
+            from probes.common.options import option_help
+
+            docs = option_help(self.options)
+            for p in self.params:
+                p.help = docs.get(p.name, p.help)
+        named = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
+        for p in self.params:
+            if getattr(p, "help", None) and named.search(p.help):
+                lists = help_lists()
+                p.help = named.sub(lambda m: lists[m.group(1)], p.help)
+        return super().format_help(ctx, formatter)
+
+
+def moved_option(flag: str, replacement: str):
+    """A hidden option that fails in one line naming what replaces it."""
+
+    def refuse(value):
+        if value is not None:
+            fail(f"{flag} is gone: use {replacement.replace('<N>', str(value))}")
+
+    return typer.Option(None, flag, hidden=True, callback=refuse)
+
+
 # ---- options shared by several commands -------------------------------------------------
 DEVICE = typer.Option("cpu", "--device", help="Where to run: cpu, cuda, cuda:N, or auto.")
 MODEL = typer.Option("default", "--model", "-m", help="'default' or a model/run folder.")
-TASKS = typer.Option("all", "--task", "-t", help="A task name, a comma-separated list, or 'all'.")
-PREFILL_HELP = ("standard, recurrent (2 Jacobi passes), full (the exact recurrence), k<N> (N "
-                "passes), a comma-separated list, or 'all' (the first three).")  # fmt: skip
+TASKS = typer.Option("all", "--task", "-t", help="A task name ({tasks}), a comma-separated "
+                     "list, or 'all'.")  # fmt: skip
 RECIPE = typer.Option(
     None, "--config", "-c",
-    help="A built-in recipe (default, D, paper, no-three-pass, additive, three-tasks, tiny, "
-    "paper-1b, upcycle, single-pass-window, smeared-keys) or a recipe file (.toml or .json) "
+    help="A built-in recipe ({recipes}) or a recipe file (.toml or .json) "
     "that lists only what it changes ('base' names what it changes). A run folder's "
     "train_config.json works too. Default: 'default' (with --resume, the run's own).",
 )  # fmt: skip
@@ -114,13 +204,11 @@ INIT_FROM = typer.Option(None, "--init-from", help="Start from this model folder
                          "Face folder is upcycled with its own architecture; docs/hf.md).")  # fmt: skip
 DATA = typer.Option(None, "--data", help="A dataset file (its task is used); default "
                     "data/<task>.parquet, generated if absent.")  # fmt: skip
-BATCH = typer.Option(64, "--batch-size", min=1, help="Examples per batch.")
-TWIN_DATA = typer.Option(None, "--data", help="A twin dataset (default data/<task>-twins.parquet).")
 MAX_MINUTES = typer.Option(0.0, "--max-minutes", min=0.0, help="Stop after this much wall time "
                            "with a checkpoint (0 = no limit); --resume continues.")  # fmt: skip
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def generate(
     task: str = typer.Option(..., "--task", "-t", help="A registered task: delayed_memory, "
@@ -151,7 +239,7 @@ def generate(
                + (", with twins)" if twins else ")"))  # fmt: skip
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def train(
     config: str = RECIPE,
@@ -193,7 +281,7 @@ def train(
         typer.echo(f"installed as the default model: {metrics['installed']}")
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def recipe(
     config: str = typer.Argument(None, help="A recipe name or file (default: 'default')."),
@@ -212,7 +300,7 @@ def recipe(
                         world_size=world_size))  # fmt: skip
 
 
-@seeds_app.command("run")
+@seeds_app.command("run", cls=Command)
 @user_errors
 def seeds_run(
     seeds: str = typer.Option(..., "--seeds", help="The seeds: '0-4' or '0,3,7'."),
@@ -227,8 +315,8 @@ def seeds_run(
     resumes, a finished one is kept), then write OUT/seed_table.csv/.md and seeds.png: eval
     answers and the layer-0 probe per seed, mean, min and the seeds meeting each target.
 
-    Library: probes.seeds.study."""
-    from probes.seeds import study
+    Library: probes.seeds.study.study."""
+    from probes.seeds.study import study
 
     folder, table = study(seeds=seeds, config=config, overrides=overrides, out=out,
                           init_from=init_from, device=device, max_minutes=max_minutes,
@@ -237,7 +325,7 @@ def seeds_run(
     typer.echo(table.loc[["seeds meeting"]].dropna(axis=1).T.to_string())
 
 
-@seeds_app.command("merge")
+@seeds_app.command("merge", cls=Command)
 @user_errors
 def seeds_merge(
     studies: list[Path] = typer.Argument(..., help="Study folders holding seed_rows.json."),
@@ -246,8 +334,8 @@ def seeds_merge(
     """Merge seed studies of one recipe run in parts (more seeds later, another machine)
     into one table and figure; a seed in two studies must have the same row in both.
 
-    Library: probes.seeds.merge_studies."""
-    from probes.seeds import merge_studies
+    Library: probes.seeds.study.merge_studies."""
+    from probes.seeds.study import merge_studies
 
     unchecked = merge_studies(studies, out)
     if unchecked:
@@ -256,7 +344,7 @@ def seeds_merge(
     typer.echo(f"wrote {out}/seed_table.md, seed_table.csv, seed_rows.json, seeds.png")
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def convert(
     gguf: str = typer.Option(..., "--gguf", help="A GGUF file, or 'smollm2' for the file the "
@@ -275,7 +363,7 @@ def convert(
                f"from {rec['gguf']} (sha256 {rec['gguf_sha256'][:12]}...)")  # fmt: skip
 
 
-@app.command("eval")
+@app.command("eval", cls=Command)
 @user_errors
 def eval_(
     model: str = MODEL,
@@ -303,96 +391,7 @@ def eval_(
     typer.echo(json.dumps(summary) if as_json else format_eval(name, summary, per_reg))
 
 
-@app.command()
-@user_errors
-def fit(
-    prefill: str = typer.Option("all", "--prefill", "-p", help=PREFILL_HELP),
-    task: str = TASKS,
-    model: str = MODEL,
-    data: Path = DATA,
-    out: Path = typer.Option(Path("results"), "--out", "-o", help="Results folder."),
-    passes: int = typer.Option(None, "--passes", help="Also probe k-step Jacobi prefill (pass k)."),
-    seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and control seed."),
-    folds: int = typer.Option(5, "--folds", help="Grouped CV folds."),
-    no_controls: bool = typer.Option(False, "--no-controls", help="Skip the random-init and permuted-label controls."),
-    probe: str = typer.Option("logistic", "--probe", help="logistic (linear, the default), mlp "
-                              "(one hidden layer), or one registered with probes.probe.register_probe."),
-    site: list[str] = typer.Option(None, "--site", help="Where features come from (repeatable): "
-                                   "resid (every depth, the default) or a hook name such as "
-                                   "fusion.hook_state, optionally @colon-K."),
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """Fit group-cross-validated probes at the colon, at every depth and prefill; the fitted
-    probes are saved in OUT/probes/.
-
-    Library: probes.run.fit."""
-    from probes.results import entry_depth, format_layer0, layer0_table
-    from probes.run import fit as run_fit
-
-    with bars("fit", 1) as bar:
-        done = run_fit(model=model, task=task, prefill=prefill, passes=passes, data=data, out=out,
-                       seed=seed, folds=folds, controls=not no_controls, probe=probe,
-                       sites=tuple(site or ("resid",)), device=device, progress=bar)  # fmt: skip
-    if done is None:
-        return  # another rank of torchrun
-    df, _ = done
-    typer.echo(f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
-               f"fitted probes in {out / 'probes'}")  # fmt: skip
-    d = entry_depth(out)
-    where = "layer 0" if d == 0 else f"depth {d} (block {d}'s input, where the feedback enters)"
-    typer.echo(f"\n{where} at the colon, pooled over distractor counts 1..256:")
-    typer.echo(format_layer0(layer0_table(df, d)))
-
-
-@app.command()
-@user_errors
-def intervene(
-    task: str = TASKS,
-    prefill: str = typer.Option("recurrent", "--prefill", "-p", help=PREFILL_HELP + " State "
-                                "interventions need a feedback prefill."),
-    model: str = MODEL,
-    data: Path = typer.Option(None, "--data", help="A twin dataset (generate --twins); default "
-                              "data/<task>-twins.parquet, generated if absent."),
-    out: Path = typer.Option(Path("results/interventions"), "--out", "-o", help="Output folder."),
-    probes_dir: Path = typer.Option(None, "--probes", help="A fit's results folder whose saved "
-                                    "probes give the steering directions (default: per fold)."),
-    intervention: str = typer.Option(None, "--intervention", "-i", help="Run only these kinds "
-                                     "(comma-separated; default all): self, interchange_state, "
-                                     "zero_state, ..., or one registered in probes.interventions."),
-    seed: int = typer.Option(0, "--seed", help="Fold, bootstrap and random-direction seed."),
-    random_init: bool = typer.Option(False, "--random-init", help="A control: the battery on a "
-                                     "random-init model of --model's config."),
-    depths: str = typer.Option(None, "--depths", help="Where the erasers and steering act: "
-                               "'all', or depths of the colon (0 = the embeddings), "
-                               "comma-separated. Default: 5 evenly spaced, first and last "
-                               "included (every depth of a model with up to 4 layers)."),
-    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Examples per batch."),
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """Is the decodable state used? Interchange, ablate, erase and steer it at the colon,
-    against each example's counterfactual twin; writes a CSV with bootstrap intervals and
-    figures.
-
-    Library: probes.intervene.intervene."""
-    from probes.intervene import intervene as run_intervene
-    from probes.report import headlines
-
-    with eager("intervene", 1) as bar:
-        done = run_intervene(task=task, prefill=prefill, model=model, data=data, out=out,
-                             probes_dir=probes_dir, seed=seed, random_init=random_init,
-                             batch_size=batch_size, device=device, kinds=intervention,
-                             depths=depths, progress=bar)  # fmt: skip
-    if done is None:
-        return  # another rank of torchrun
-    df, plan = done
-    typer.echo(
-        f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
-    )
-    for line in headlines(df, plan, out):
-        typer.echo(line)
-
-
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def plot(
     results: Path = typer.Option(Path("results"), "--results", "-r", help="Folder holding probe_results.csv."),
@@ -400,8 +399,8 @@ def plot(
 ) -> None:  # fmt: skip
     """Draw accuracy heatmaps and depth curves (PNG and PDF) from probe_results.csv.
 
-    Library: probes.plot.plot_all."""
-    from probes.plot import plot_all
+    Library: probes.fit.plot.plot_all."""
+    from probes.fit.plot import plot_all
     from tasks.files import check_output_dir
 
     check_output_dir(out or results / "figures")
@@ -411,7 +410,7 @@ def plot(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def reproduce(
     out: Path = typer.Option(Path("results"), "--out", "-o", help="Results folder (CSV, JSON, figures, report.md)."),
@@ -422,117 +421,14 @@ def reproduce(
     """generate -> fit (all prefills, all tasks, controls) -> plot -> intervene (a default
     battery) -> report, on the default model.
 
-    Library: probes.reproduce.reproduce."""
-    from probes.reproduce import reproduce as run
+    Library: probes.report.reproduce.reproduce."""
+    from probes.report.reproduce import reproduce as run
 
     for line in run(out=out, train_first=train_first, argv=argv(), bars=eager):
         typer.echo(line)
 
 
-@app.command()
-@user_errors
-def lens(
-    model: str = MODEL,
-    task: str = TASKS,
-    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes read (1..16)."),
-    position: str = typer.Option("answer", "--position", help="Where each prompt is read: answer "
-                                 "(whose next token is the answer), colon, colon-K, or a declared one."),
-    data: Path = DATA,
-    out: Path = typer.Option(Path("results/lens"), "--out", "-o", help="Output folder."),
-    tuned: bool = typer.Option(True, "--tuned/--no-tuned", help="Also fit a tuned lens on half the "
-                               "groups (saved in OUT/tuned_lens)."),
-    tuned_lens: Path = typer.Option(None, "--tuned-lens", help="Read through this saved tuned lens instead."),
-    seed: int = typer.Option(0, "--seed", help="Which groups fit the tuned lens; bootstrap seed."),
-    batch_size: int = BATCH,
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """What does each (pass, depth) say? The logit and tuned lenses at the colon and the fed-back
-    state through the head: KL to the last pass's output, the answer's probability and rank.
-
-    Library: probes.lens_run.lens."""
-    from probes.lens_run import lens as run
-
-    verb("lens", run, model=model, task=task, passes=passes, position=position, data=data,
-         out=out, tuned=tuned, tuned_lens=tuned_lens, seed=seed, batch_size=batch_size,
-         device=device)  # fmt: skip
-
-
-@app.command()
-@user_errors
-def trajectory(
-    model: str = MODEL,
-    task: str = TASKS,
-    passes: int = typer.Option(8, "--passes", "-k", help="Jacobi passes (2..64); distances are to the last."),
-    data: Path = DATA,
-    out: Path = typer.Option(Path("results/trajectory"), "--out", "-o", help="Output folder."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    batch_size: int = BATCH,
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """How do the states move over passes? Distance to the last pass by position, the answer
-    position's states on two principal components, answer flips by count, the fusion's gate.
-
-    Library: probes.trajectory_run.trajectory."""
-    from probes.trajectory_run import trajectory as run
-
-    verb("trajectory", run, model=model, task=task, passes=passes, data=data, out=out, seed=seed,
-         batch_size=batch_size, device=device)  # fmt: skip
-
-
-@app.command()
-@user_errors
-def patch(
-    model: str = MODEL,
-    task: str = typer.Option("delayed_memory", "--task", "-t", help="One task."),
-    prefill: str = typer.Option("recurrent", "--prefill", "-p", help="standard, recurrent or k<N>: "
-                                "the Jacobi passes run."),
-    kinds: str = typer.Option("resid,head,path", "--kinds", help="resid (depth x position), head "
-                              "(each head's output), path (the fed-back state into one block-0 "
-                              "head's q, k or v), comma-separated."),
-    pass_: int = typer.Option(None, "--pass", help="The pass patched (default: the prefill's "
-                              "last); an earlier one reaches the answer through the feedback."),
-    depths: str = typer.Option(None, "--depths", help="The residual's depths: 'all' or a list "
-                               "(default: 5 evenly spaced, every one of the built-in model)."),
-    data: Path = TWIN_DATA,
-    out: Path = typer.Option(Path("results/patch"), "--out", "-o", help="Output folder."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    batch_size: int = BATCH,
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """Where does the label's difference live? Patch the twin's residual, heads or the fed-back
-    state into block 0's q/k/v, one at a time: normalised logit difference with intervals.
-
-    Library: probes.patch_run.patch."""
-    from probes.patch_run import patch as run
-
-    verb("patch", run, model=model, task=task, prefill=prefill, kinds=kinds, pass_=pass_,
-         depths=depths, data=data, out=out, seed=seed, batch_size=batch_size, device=device)  # fmt: skip
-
-
-@app.command()
-@user_errors
-def heads(
-    model: str = MODEL,
-    task: str = TASKS,
-    passes: int = typer.Option(2, "--passes", "-k", help="Jacobi passes read (1..16)."),
-    data: Path = TWIN_DATA,
-    out: Path = typer.Option(Path("results/heads"), "--out", "-o", help="Output folder."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed and the induction test's tokens."),
-    batch_size: int = BATCH,
-    device: str = DEVICE,
-) -> None:  # fmt: skip
-    """Attention by pass: each head's share on the previous token and, from the answer
-    position, on the label token and the token after it (where the label's fed-back state
-    enters); an induction score; one example's pattern pass by pass.
-
-    Library: probes.heads_run.heads."""
-    from probes.heads_run import heads as run
-
-    verb("heads", run, model=model, task=task, passes=passes, data=data, out=out, seed=seed,
-         batch_size=batch_size, device=device)  # fmt: skip
-
-
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def view(
     model: str = MODEL,
@@ -541,7 +437,9 @@ def view(
                                  "default: the first two with 8 distractors."),
     data: Path = DATA,
     probes: Path = typer.Option(Path("results"), "--probes", help="A fit's results folder (its probes/)."),
-    passes: int = typer.Option(3, "--passes", "-k", help="Jacobi passes shown (1..8)."),
+    prefill: str = typer.Option("k3", "--prefill", "-p", help="The Jacobi passes shown: standard, "
+                                "recurrent or k<N> (1..8 passes)."),
+    passes: str = moved_option("--passes", "--prefill k<N>"),
     tuned_lens: Path = typer.Option(None, "--tuned-lens", help="A tuned lens of fbt-probe lens (default: "
                                     "<probes>/lens/tuned_lens where it fits the model)."),
     out: Path = typer.Option(Path("results/view.html"), "--out", "-o", help="The page (.html)."),
@@ -550,46 +448,65 @@ def view(
     """One offline page of chosen examples: tokens, the saved probes' predictions at every
     depth and pass, the logit lens and its read of the fed-back state, attention by head.
 
-    Library: probes.view.view."""
-    from probes.view import view as run
+    Library: probes.report.view.view."""
+    from probes.report.view import view as run
 
     verb("view", run, model=model, task=task, examples=examples, data=data, probes=probes,
-         passes=passes, tuned_lens=tuned_lens, out=out, device=device)  # fmt: skip
+         prefill=prefill, tuned_lens=tuned_lens, out=out, device=device)  # fmt: skip
 
 
-@app.command()
+@app.command(cls=Command)
 @user_errors
 def report(
-    results: Path = typer.Option(Path("results"), "--results", "-r", help="Folder holding probe_results.csv."),
+    results: Path = typer.Option(Path("results"), "--results", "-r", help="A results folder: what "
+                                 "any analysis ({analyses}) wrote there with --out."),
 ) -> None:  # fmt: skip
     """Write report.md and report.html (one offline page: sortable tables, figures embedded,
     heatmaps that show accuracy, interval and n on hover) from a results folder.
 
-    Library: probes.report.write_report."""
-    from probes.report import write_report
+    Library: probes.report.markdown.write_report."""
+    from probes.report.markdown import write_report
 
     md = write_report(results)
     typer.echo(f"wrote {md} and {md.with_suffix('.html')}")
 
 
-@app.command()
-@user_errors
-def stability(
-    model: list[str] = typer.Option(["default"], "--model", "-m", help="'default' or a model/run "
-                                    "folder; repeat to compare models in one figure."),
-    passes: int = typer.Option(30, "--passes", "-k", help="Jacobi passes (1..1000)."),
-    task: str = typer.Option("all", "--task", "-t", help="Held-out sequences of this task, or 'all'."),
-    out: Path = typer.Option(Path("results/stability"), "--out", "-o", help="Output folder."),
-    decode_tokens: int = typer.Option(1000, "--decode-tokens", help="Tokens of long SOFT decoding (0 = skip)."),
-) -> None:  # fmt: skip
-    """Does the feedback map contract? State change, loss and accuracy over Jacobi passes.
+# ---- the analyses' verbs, generated from the registry (probes.analysis) ------------------------
+def analysis_command(analysis):
+    """The click command of ``analysis``'s verb: one option per field of its options
+    dataclass (the field's docstring is its help), printing the lines its run reports."""
+    import inspect
+    import typing
+    from dataclasses import MISSING, fields
 
-    Library: probes.stability_run.stability."""
-    from probes.stability_run import stability as run
+    options = analysis.options_class
+    hints, params = typing.get_type_hints(options), []
+    for f in fields(options):
+        flags = f.metadata.get("flags") or (f"--{f.name.replace('_', '-')}",)
+        default = f.default if f.default is not MISSING else f.default_factory()
+        opt = typer.Option(default, *flags, **f.metadata.get("click", {}))
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,
+                                        annotation=hints[f.name]))  # fmt: skip
+    for flag, replacement in analysis.moved.items():
+        params.append(inspect.Parameter(flag.strip("-").replace("-", "_") + "_moved",
+                                        inspect.Parameter.KEYWORD_ONLY,
+                                        default=moved_option(flag, replacement), annotation=str))  # fmt: skip
 
-    for line in run(models=tuple(model), passes=passes, task=task, out=out,
-                    decode_tokens=decode_tokens, bars=bars):  # fmt: skip
-        typer.echo(line)
+    def command(**kw):
+        chosen = options(**{k: v for k, v in kw.items() if not k.endswith("_moved")})
+        with bars(analysis.name, 1) as bar:
+            result = analysis(options=chosen, progress=bar)
+        if result.lines:
+            typer.echo("\n".join(result.lines))
+
+    command.__signature__ = inspect.Signature(params)
+    command.__name__, command.__doc__ = analysis.name, analysis.help
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    cls = type(f"{analysis.name}_command", (Command,), {"options": options})
+    one.command(analysis.name, cls=cls, epilog=f"\b\nExample: {analysis.example}")(
+        user_errors(command)
+    )
+    return typer.main.get_command(one)
 
 
 # every --help ends with one example: a command a user can run as it stands
@@ -601,17 +518,10 @@ EXAMPLES = {
     "merge": "fbt-probe seeds merge runs/seeds-a runs/seeds-b --out runs/seeds",
     "convert": "fbt-probe convert --gguf smollm2 --out models/smollm2",
     "eval": "fbt-probe eval --model default --json",
-    "fit": "fbt-probe fit --task delayed_memory --prefill standard,recurrent --out results",
-    "intervene": "fbt-probe intervene --task done_tracking --prefill full --intervention interchange_state",
     "plot": "fbt-probe plot --results results",
     "reproduce": "fbt-probe reproduce --out results",
-    "lens": "fbt-probe lens --task delayed_memory --passes 3",
-    "trajectory": "fbt-probe trajectory --task delayed_memory --passes 8",
-    "patch": "fbt-probe patch --task delayed_memory --prefill recurrent --kinds resid,head",
-    "heads": "fbt-probe heads --task delayed_memory --passes 2",
     "view": "fbt-probe view --task delayed_memory --examples 4,14 --out results/view.html",
     "report": "fbt-probe report --results results",
-    "stability": "fbt-probe stability --passes 30 --task done_tracking",
 }
 for _info in [*app.registered_commands, *seeds_app.registered_commands]:
     _info.epilog = (

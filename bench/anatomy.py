@@ -29,10 +29,10 @@ import torch
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.registry import resolve_model
-from probes.extract import extract_features, max_batch_tokens
-from probes.heads_run import collect as heads_collect
-from probes.lens_run import answer_positions, fit_translators, measure
-from probes.trajectory_run import collect
+from probes.common.extract import extract_features, max_batch_tokens
+from probes.heads.run import collect as heads_collect
+from probes.lens.run import answer_positions, fit_translators, measure
+from probes.trajectory.run import collect
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 
@@ -90,8 +90,8 @@ def head_patch_rows(model, twins) -> list[dict]:
     against one from layer 0 (one batch of twins, recurrent prefill)."""
     from fbt_probe.patching import clean_run, patched_output, replace_where
     from fbt_probe.prefill import parse_prefill
-    from probes.patch_run import _layer_from, head_hook, twin_acts
-    from probes.twins import batches, pairs_of
+    from probes.common.twins import batches, pairs_of
+    from probes.patch.run import _layer_from, head_hook, twin_acts
 
     pairs = pairs_of(twins)
     pairs = pairs.subset(np.flatnonzero(pairs.shift == 0))
@@ -131,7 +131,7 @@ def head_patch_rows(model, twins) -> list[dict]:
 def heads_rows(model, twins, reps: int) -> list[dict]:
     """``heads``' attention reads over 2 passes against the plain 2-pass forward of the same
     batches (what any reading of them costs at least)."""
-    from probes.twins import batches, pairs_of
+    from probes.common.twins import batches, pairs_of
 
     pairs = pairs_of(twins)
     bs = batches(pairs, 64, "cpu", max_tokens=max_batch_tokens(model))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.registry import resolve_model
-from probes.extract import extract_features
-from probes.intervene import run_battery
+from probes.common.extract import extract_features
+from probes.intervene.run import run_battery
 from tasks.dataset import load
 from tasks.generate import DEFAULT_SEED, generate_dataset
 

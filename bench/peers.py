@@ -93,7 +93,7 @@ def load(folder: Path):
 # ---- data --------------------------------------------------------------------------------
 def batches(folder: Path, task: str, n: int, tmp: Path):
     """[(tokens (b, T), answer position (b,), clean id, twin tokens or None, twin id)]."""
-    from probes.twins import pairs_of
+    from probes.common.twins import pairs_of
     from tasks.dataset import load as load_ds
     from tasks.generate import generate_dataset
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.registry import resolve_model
-from probes.extract import extract_features
-from probes.run import run_fit
+from probes.common.extract import extract_features
+from probes.fit.run import run_fit
 from tasks import TASK_NAMES
 from tasks.dataset import load
 from tasks.generate import generate_dataset

@@ -102,6 +102,25 @@ def parse_prefill(word: str | Prefill) -> Prefill:
     )
 
 
+def jacobi_passes(word: str | Prefill, lo: int = 1, hi: int = MAX_PASSES,
+                  option: str = "--prefill") -> int:  # fmt: skip
+    """The number of Jacobi passes a prefill word names (standard 1, recurrent 2, k<N> N),
+    for a command that reads every pass up to it; ``full`` and counts outside ``lo..hi``
+    are refused naming ``option``."""
+    try:
+        pf = parse_prefill(word)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+    if pf.passes is None:
+        raise ValueError(f"{option} full: this command reads Jacobi passes; use standard, "
+                         f"recurrent or k<N> (N in {lo}..{hi})")  # fmt: skip
+    if not lo <= pf.passes <= hi:
+        lo_word = "recurrent" if lo == 2 else f"k{lo}"
+        raise ValueError(f"{option} {word}: this command reads {lo_word} to k{hi} "
+                         f"({lo}..{hi} passes)")  # fmt: skip
+    return pf.passes
+
+
 def parse_prefills(spec: str, passes: int | None = None) -> tuple[Prefill, ...]:
     """``--prefill``'s value: one word, a comma-separated list or ``all`` (standard,
     recurrent, full); ``passes`` adds k<passes>. Each prefill once, in order."""

@@ -14,11 +14,24 @@ DEFAULT_MODEL_DIR = DEFAULTS / "default"
 SHIPPED = ("smollm2-upcycled",)
 
 
-def resolve_model(spec: str | Path | None, device="cpu") -> tuple[FeedbackModel, str]:
+def resolve_model(spec: str | Path | FeedbackModel | None, device="cpu") -> tuple[FeedbackModel, str]:
     """``default`` (or None) -> the packaged default; a ``SHIPPED`` name -> that packaged
     model; otherwise a model folder (a training run folder works too: its ``model/``
-    subfolder is used). Returns (model on ``device``,
-    description)."""
+    subfolder is used). Returns (model on ``device``, its name). A model already loaded is
+    returned as it is, where it is, with the name it was loaded under."""
+    if isinstance(spec, FeedbackModel):
+        return spec, getattr(spec, "loaded_as", type(spec).__name__)
+    model, name = _load(spec, device)
+    model.loaded_as = name
+    return model, name
+
+
+def load(spec: str | Path | None = "default", device="cpu") -> FeedbackModel:
+    """The model ``spec`` names (see ``resolve_model``), on ``device``."""
+    return resolve_model(spec, device)[0]
+
+
+def _load(spec, device) -> tuple[FeedbackModel, str]:
     if spec is None or str(spec) == "default":
         if not (DEFAULT_MODEL_DIR / "model.safetensors").is_file():
             raise FileNotFoundError(

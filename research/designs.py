@@ -35,8 +35,8 @@ def interchange(run: Path) -> dict:
     """Flip rates of the two interchanges on each task under recurrent prefill."""
     from fbt_probe.patching import STATE_HOOK
     from fbt_probe.registry import resolve_model
-    from probes.intervene import run_intervene
-    from probes.interventions import TOKEN_SITE
+    from probes.intervene.registry import TOKEN_SITE
+    from probes.intervene.run import run_intervene
 
     out = run / "interchange"
     csv = out / "interventions.csv"
@@ -60,7 +60,7 @@ def interchange(run: Path) -> dict:
 def contraction(run: Path) -> dict:
     """The state change at pass 30 over pass 2's, and the stability verdict."""
     from fbt_probe.stability import verdict
-    from probes.stability_run import stability
+    from probes.stability.run import stability
 
     out = run / "stability"
     if not (out / "stability.csv").is_file():
@@ -153,10 +153,7 @@ def write_markdown(df: pd.DataFrame, path: Path) -> None:
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from probes.common.figures import subplots
 
     means = df.groupby("design", sort=False).mean(numeric_only=True)
     panels = [("answers, full decoding", [f"{t}/full" for t in TASKS]),
@@ -164,7 +161,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
               ("probe at the entry, recurrent prefill", [f"{t}/probe_recurrent" for t in TASKS]),
               ("flips, interchanging the state", [f"{t}/state_flips" for t in TASKS]),
               ("flips, interchanging the label token", [f"{t}/token_flips" for t in TASKS])]  # fmt: skip
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.4), sharey=True)
+    fig, axes = subplots(1, len(panels), figsize=(3.3 * len(panels), 3.4), sharey=True)
     for ax, (title, cols) in zip(axes, panels, strict=True):
         means[cols].rename(columns=lambda c: c.split("/")[0]).plot.bar(ax=ax, rot=60, legend=False)
         ax.set_title(title, fontsize=9)
@@ -173,7 +170,6 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=2, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ import numpy as np
 
 from fbt_probe.prefill import parse_prefill
 from fbt_probe.registry import resolve_model
-from probes.extract import RESID, extract_features
-from probes.fit import N_FOLDS, cross_validate, grouped_splits
-from probes.probe import probe_class
-from probes.run import Cell, cell_data, targets_of
+from probes.common.extract import RESID, extract_features
+from probes.fit.cv import N_FOLDS, cross_validate, grouped_splits
+from probes.fit.probe import probe_class
+from probes.fit.run import Cell, cell_data, targets_of
 from tasks import vocab
 from tasks.dataset import load
 from tasks.generate import generate_dataset

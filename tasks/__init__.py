@@ -21,30 +21,41 @@ a new task is one module that registers itself.
 from __future__ import annotations
 
 from tasks import vocab
+from tasks.registry import Registry
 
-TASKS: dict[str, object] = {}
+TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
 
 
-def register_task(task):
+def _builtins() -> None:
+    # imported on the registry's first use: importing tasks (the CLI does, to build its
+    # verbs) then costs no numpy
+    from tasks import delayed_memory, done_tracking, multi_register
+
+    for t in (delayed_memory, done_tracking, multi_register):
+        register_task(t)
+
+
+TASKS: Registry = Registry("task", builtins=_builtins)
+
+
+def register_task(task, *, replace: bool = False):
     """Add a task (module or object) to the registry under ``task.NAME``; its ``TOKENS``
-    join the vocabulary. Registering the same name twice replaces the entry."""
+    join the vocabulary. A name already registered is refused unless ``replace``."""
     name = getattr(task, "NAME", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a task needs a NAME that is an identifier, got {name!r}")
     for attr in ("Params", "draw_bases", "render", "generate", "sample"):
         if not hasattr(task, attr):
             raise ValueError(f"task {name!r} lacks {attr}")
+    if name in TASKS and not replace:
+        TASKS.add(name, task)  # refused, in the registries' own words
     vocab.extend(getattr(task, "TOKENS", ()))
-    TASKS[name] = task
-    return task
+    return TASKS.add(name, task, replace=replace)
 
 
 def get_task(name: str):
     """The generator of a registered task; a clear error for unknown names."""
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}") from None
+    return TASKS.lookup(name)
 
 
 def task_names() -> tuple[str, ...]:
@@ -62,10 +73,3 @@ def target_names(task: str, params: dict | None = None) -> tuple[str, ...]:
 def stratum(task: str) -> str | None:
     """The name of the task's own per-target stratum, or None."""
     return getattr(get_task(task), "STRATUM", None)
-
-
-from tasks import delayed_memory, done_tracking, multi_register  # noqa: E402
-
-for _t in (delayed_memory, done_tracking, multi_register):
-    register_task(_t)
-TASK_NAMES = task_names()  # the built-in tasks

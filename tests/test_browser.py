@@ -66,8 +66,8 @@ def not_blank(png) -> None:
 
 
 def test_report_html_renders_sorts_and_shows_tooltips(browser, results, tmp_path):  # noqa: F811
-    from probes.plot import plot_all
-    from probes.report import write_report
+    from probes.fit.plot import plot_all
+    from probes.report.markdown import write_report
 
     res, df = results
     plot_all(res)
@@ -105,7 +105,7 @@ def test_report_html_renders_sorts_and_shows_tooltips(browser, results, tmp_path
 
 
 def test_a_view_page_renders_and_answers_clicks(browser, fitted, tmp_path):  # noqa: F811
-    from probes.view import view
+    from probes.report.view import view
 
     model, tmp, data = fitted
     out, _ = view(

@@ -11,8 +11,8 @@ from fbt_probe.evaluate import evaluate
 from fbt_probe.recipes import named_config
 from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
 from fbt_probe.train_config import TrainConfig
-from probes.extract import extract_features
-from probes.fit import cross_validate, grouped_splits
+from probes.common.extract import extract_features
+from probes.fit.cv import cross_validate, grouped_splits
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 

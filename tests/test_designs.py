@@ -165,7 +165,7 @@ STATE_KINDS = ("interchange_state", "zero_state", "mean_state", "resample_state"
 
 @pytest.mark.parametrize("target", [0, 1, 3])
 def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, target):
-    from probes.intervene import run_battery, summarise
+    from probes.intervene.run import run_battery, summarise
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
@@ -184,7 +184,7 @@ def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, ta
 
 
 def test_the_battery_runs_on_a_design_that_feeds_a_middle_block(tmp_path):
-    from probes.intervene import run_battery, summarise
+    from probes.intervene.run import run_battery, summarise
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
@@ -225,8 +225,8 @@ def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
 
     from cli import app
     from fbt_probe.checkpoint import save_model
-    from probes.report import write_report
-    from probes.results import layer0_table
+    from probes.fit.results import layer0_table
+    from probes.report.markdown import write_report
     from tasks.generate import generate_dataset
 
     cfg = build_cfg(n_layers=3, n_heads=2, d_model=32, n_ctx=320, feedback_target=1)

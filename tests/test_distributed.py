@@ -90,7 +90,7 @@ def test_a_batch_too_small_for_the_parts_is_refused(tmp_path):
 
 def _extract(world, data: str, prefill: str, out: str) -> None:
     from fbt_probe.registry import resolve_model
-    from probes.extract import extract_features
+    from probes.common.extract import extract_features
     from tasks.dataset import load
 
     model, _ = resolve_model("default")
@@ -101,7 +101,7 @@ def _extract(world, data: str, prefill: str, out: str) -> None:
 @pytest.mark.parametrize("prefill", ["recurrent", "full"])
 def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
     from fbt_probe.registry import resolve_model
-    from probes.extract import extract_features
+    from probes.common.extract import extract_features
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 

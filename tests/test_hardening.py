@@ -98,9 +98,9 @@ def test_small_option_checks(tmp_path, model_dir):
     )
     one_line_error(r, "--distractors is empty")
     r = CliRunner().invoke(
-        app, ["fit", "--model", str(model_dir), "--passes", "5000", "--out", str(out)]
+        app, ["fit", "--model", str(model_dir), "--prefill", "k5000", "--out", str(out)]
     )
-    one_line_error(r, "--passes must be in 1..1000")
+    one_line_error(r, "unknown prefill 'k5000'")
     assert files_under(out) == []
 
 
@@ -163,7 +163,7 @@ def test_generate_force_never_replaces_what_is_not_a_regular_file(odd_paths, whi
     "cmd",
     [
         ["fit", "--task", "delayed_memory"],
-        ["stability", "--passes", "2", "--decode-tokens", "0"],
+        ["stability", "--prefill", "k2", "--decode-tokens", "0"],
         ["plot", "--results", "{plain}"],
         ["train", "-c", "tiny"],
     ],
@@ -267,7 +267,7 @@ def test_a_cache_entry_of_the_wrong_shape_is_recomputed(tmp_path, model_dir):
     import numpy as np
 
     from fbt_probe.checkpoint import load_model
-    from probes.extract import extract_cached
+    from probes.common.extract import extract_cached
     from tasks.dataset import load
 
     ds, m = load(_dataset(tmp_path)), load_model(model_dir)
@@ -421,7 +421,7 @@ def test_seeds_and_a_huge_dataset_are_refused_before_the_work(tmp_path, model_di
 def test_a_failed_figure_write_leaves_nothing(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from probes.plot import save_figure
+    from probes.fit.plot import save_figure
 
     fig = plt.figure()
 
@@ -606,7 +606,7 @@ def test_a_broken_hugging_face_folder_is_refused_with_its_name(hf_folder, tmp_pa
     before = files_under(tmp_path)
     args = {"eval": ["eval", "--n-groups", "5", "--task", "delayed_memory"],
             "fit": ["fit", "--task", "delayed_memory", "--out", "res"],
-            "stability": ["stability", "--passes", "2", "--decode-tokens", "0", "--out", "st"]}[cmd]  # fmt: skip
+            "stability": ["stability", "--prefill", "k2", "--decode-tokens", "0", "--out", "st"]}[cmd]  # fmt: skip
     r = CliRunner().invoke(app, [*args, "--model", str(folder)])
     one_line_error(r, str(folder), msg)
     assert files_under(tmp_path) == before
@@ -983,7 +983,7 @@ AUDIT_FOUND = [
     (["generate", "--task", "delayed_memory", "--distractors", "0,,1"], "--distractors '0,,1'"),
     (["eval", "--modes", "nope"], "--modes 'nope': unknown decoding mode 'nope'"),
     (["eval", "--modes", "standard,,full"], "--modes 'standard,,full'"),
-    (["stability", "--passes", "2"], "--decode-tokens 1000: the prompt and the decoded tokens need"),
+    (["stability", "--prefill", "k2"], "--decode-tokens 1000: the prompt and the decoded tokens need"),
     (["lens", "--position", "nope"], "--position 'nope': task delayed_memory declares no such position"),
     (["lens", "--position", ""], "--position ''"),
     (["patch", "--depths", "1,,2"], "--depths '1,,2'"),

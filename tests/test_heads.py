@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
 from fbt_probe.registry import resolve_model
-from probes.fit import GroupBootstrap
+from probes.fit.cv import GroupBootstrap
 from tasks.generate import generate_dataset
 
 FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
@@ -195,9 +195,9 @@ def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_f
     from fbt_probe.hf import load_hf
     from fbt_probe.patching import clean_run, patched_output
     from fbt_probe.prefill import parse_prefill
-    from probes.intervene import _answer_logits
-    from probes.patch_run import head_hook, twin_acts
-    from probes.twins import batches, pairs_of
+    from probes.common.twins import batches, pairs_of
+    from probes.intervene.run import _answer_logits
+    from probes.patch.run import head_hook, twin_acts
     from tasks.dataset import load
 
     model = load_hf(hf_dm[0])
@@ -258,7 +258,7 @@ def test_heads_command_on_the_default_model(tmp_path):
 def test_heads_and_patch_commands_on_a_hugging_face_model(hf_dm, tmp_path):
     folder, data = hf_dm
     r = CliRunner().invoke(app, ["heads", "--model", str(folder), "--data", str(data),
-                                 "--out", str(tmp_path / "h"), "--passes", "3"])  # fmt: skip
+                                 "--out", str(tmp_path / "h"), "--prefill", "k3"])  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "h" / "heads.csv")
     assert sorted(set(df["pass"])) == [1, 2, 3] and len(set(df["head"])) == 4
@@ -274,7 +274,9 @@ def test_heads_and_patch_commands_on_a_hugging_face_model(hf_dm, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--passes", "0"], "error: --passes must be in 1..16, got 0"),
+    (["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
+    (["--prefill", "k17"], "error: --prefill k17: this command reads k1 to k16"),
+    (["--passes", "3"], "error: --passes is gone: use --prefill k3"),
     (["--task", "nope"], "error: unknown task"),
 ])  # fmt: skip
 def test_heads_refuses_bad_input_in_one_line(tmp_path, args, message):

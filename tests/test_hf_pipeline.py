@@ -125,7 +125,7 @@ def test_eval_and_stability_on_a_model_folder(llama, tmp_path):
     summary = json.loads(r.output.strip().splitlines()[-1])
     assert set(summary) == {"delayed_memory", "done_tracking", "multi_register"}
     assert all(0 <= row["1-256"] <= 1 for by in summary.values() for row in by.values())
-    r = run.invoke(app, ["stability", "--model", str(llama), "--passes", "3", "--task",
+    r = run.invoke(app, ["stability", "--model", str(llama), "--prefill", "k3", "--task",
                          "delayed_memory", "--decode-tokens", "20", "--out", str(tmp_path / "st")])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert (tmp_path / "st" / "stability.csv").is_file()
@@ -206,8 +206,8 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
 def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
     from fbt_probe.hf import load_hf
     from fbt_probe.patching import STATE_HOOK
-    from probes.intervene import Key, run_battery
-    from probes.interventions import REGISTRY
+    from probes.intervene.registry import REGISTRY
+    from probes.intervene.run import Key, run_battery
     from tasks.generate import generate_dataset
 
     UNDIRECTED = tuple(k for k, v in REGISTRY.items() if not v.directions)
@@ -230,7 +230,7 @@ def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(lla
 def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
     import pandas as pd
 
-    from probes.interventions import REGISTRY as INTERVENTIONS
+    from probes.intervene.registry import REGISTRY as INTERVENTIONS
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "dm.parquet"
@@ -312,7 +312,7 @@ def test_a_label_word_of_another_length_makes_a_shifted_twin(llama_split, tmp_pa
 
 def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split, tmp_path):
     from fbt_probe.hf import load_hf
-    from probes.intervene import TWIN, Key, run_battery
+    from probes.intervene.run import TWIN, Key, run_battery
     from tasks.generate import generate_dataset
 
     m = load_hf(llama_split)
@@ -356,9 +356,9 @@ def test_a_battery_that_runs_its_batches_again_records_what_one_that_keeps_them_
     """A real model's clean runs do not all fit in memory: past KEEP_BYTES each batch is run
     again before its patched runs, and batches keep under the extraction's token budget;
     neither changes any example's outcome."""
-    import probes.intervene as iv
+    import probes.intervene.run as iv
     from fbt_probe.hf import load_hf
-    from probes.twins import batches, pairs_of
+    from probes.common.twins import batches, pairs_of
     from tasks.generate import generate_dataset
 
     m = load_hf(llama)

@@ -15,11 +15,11 @@ from fbt_probe.model import FBTModel
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
-from probes.erasers import fit_leace
-from probes.intervene import COLUMNS, Key, run_battery, summarise
-from probes.intervene_plot import depth_of
-from probes.interventions import REGISTRY
-from probes.twins import batches, pairs_of, window_mask
+from probes.common.twins import batches, pairs_of, window_mask
+from probes.intervene.erasers import fit_leace
+from probes.intervene.plot import depth_of
+from probes.intervene.registry import REGISTRY
+from probes.intervene.run import COLUMNS, Key, run_battery, summarise
 from tasks import delayed_memory, done_tracking, get_task, multi_register, vocab
 from tasks.base import STREAM_PROBE, generate_groups, generate_twins
 from tasks.dataset import load
@@ -181,8 +181,8 @@ def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path,
 
 
 def test_leace_leaves_the_probe_at_chance_on_held_out_features():
-    from probes.erasers import erase
-    from probes.probe import LogisticProbe
+    from probes.fit.probe import LogisticProbe
+    from probes.intervene.erasers import erase
 
     rng = np.random.default_rng(0)
     n, d = 600, 24
@@ -222,7 +222,7 @@ def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
 
 
 def test_steering_moves_the_projection_by_alpha_sigmas(tmp_path):
-    from probes.erasers import depth_tools
+    from probes.intervene.erasers import depth_tools
 
     path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=20,
                             distractors=(1, 3), seed=11, twins=True)  # fmt: skip
@@ -303,7 +303,7 @@ def test_intervene_refuses_a_dataset_without_twins(tmp_path):
 
 
 def test_depths_pick_where_the_depth_interventions_act(tmp_path):
-    from probes.intervene import pick_depths
+    from probes.intervene.run import pick_depths
 
     assert pick_depths(None, 5) == (0, 1, 2, 3, 4)  # the built-in model: every depth
     assert pick_depths(None, 31) == (0, 8, 15, 22, 30)  # a 30-layer model: 5 of them
@@ -339,10 +339,10 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     # decodable (probe ~1.0); after LEACE fitted on the training folds a fresh probe trained
     # and tested on erased features is at chance
     from fbt_probe.registry import resolve_model
-    from probes.erasers import erase
-    from probes.extract import extract_features
-    from probes.fit import grouped_splits
-    from probes.probe import LogisticProbe
+    from probes.common.extract import extract_features
+    from probes.fit.cv import grouped_splits
+    from probes.fit.probe import LogisticProbe
+    from probes.intervene.erasers import erase
 
     model, _ = resolve_model("default")
     path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=40,
@@ -382,10 +382,10 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
 
 def test_steering_uses_a_fits_saved_probes(tmp_path):
     from fbt_probe.registry import resolve_model
-    from probes.artifacts import find, load_probes
-    from probes.erasers import class_vectors
-    from probes.intervene import run_intervene
-    from probes.run import run_fit
+    from probes.fit.artifacts import find, load_probes
+    from probes.fit.run import run_fit
+    from probes.intervene.erasers import class_vectors
+    from probes.intervene.run import run_intervene
 
     model, name = resolve_model("default")
     data = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=12,
@@ -409,7 +409,7 @@ def test_steering_uses_a_fits_saved_probes(tmp_path):
 def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path):
     from typer.testing import CliRunner
 
-    import probes.interventions as I
+    import probes.intervene.registry as I
     from cli import app
 
     def double_state(ctx, where):  # every fed-back state twice as long, in the window 'all'
@@ -418,7 +418,7 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
         m = window_mask(where.name, ctx.b)
         return [ctx.state_patch("double_state", where.name, m, 2 * ctx.clean.fed)]
 
-    I.register("double_state", double_state)
+    I.register_intervention("double_state", double_state)
     try:
         assert list(I.REGISTRY)[:10] == ["interchange_state", "zero_state", "mean_state",
                                          "resample_state", "interchange_token", "erase_probe",
@@ -444,4 +444,4 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
         assert r.stderr.strip().splitlines() == [
             "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)]  # fmt: skip
     finally:
-        I.REGISTRY.pop("double_state", None)
+        I.REGISTRY.remove("double_state")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.lens import RidgeStats, Translators, lens_batch
 from fbt_probe.registry import resolve_model
-from probes.lens_run import COLUMNS
+from probes.lens.run import COLUMNS
 from tasks.generate import generate_dataset
 
 
@@ -134,12 +134,14 @@ def test_lens_command_on_the_default_model(tmp_path):
     assert (out / "figures" / "lens_delayed_memory.png").stat().st_size > 0
     assert (out / "tuned_lens" / "translators.safetensors").is_file()
     assert "tops the logit lens" in r.output
-    from probes.report import anatomy_section
+    from probes import Figure, get_analysis
 
-    section = anatomy_section(tmp_path, lambda p: p.relative_to(tmp_path))
+    section = get_analysis("lens").report(tmp_path)
     assert section[0].startswith("## What each (pass, depth) predicts")
-    assert any(line.startswith("- delayed_memory: the answer first tops") for line in section)
-    assert "![lens_delayed_memory](lens/figures/lens_delayed_memory.png)" in section
+    assert any(str(p).startswith("- delayed_memory: the answer first tops") for p in section)
+    figs = [p for p in section if isinstance(p, Figure)]
+    assert [f.path for f in figs] == [tmp_path / "lens" / "figures" / "lens_delayed_memory.png"]
+    assert figs[0].html and not figs[0].keep_png  # drawn from lens.csv in report.html
     # the saved lens is read back instead of fitted: every example is measured
     r = CliRunner().invoke(app, ["lens", "--data", str(data), "--out", str(tmp_path / "again"),
                                  "--tuned-lens", str(out / "tuned_lens")])  # fmt: skip
@@ -155,7 +157,7 @@ def test_lens_command_on_a_hugging_face_model(tiny_llama, tmp_path):
                      tokenizer=tiny_llama)  # fmt: skip
     out = tmp_path / "lens"
     r = CliRunner().invoke(app, ["lens", "--model", str(tiny_llama), "--data", str(data),
-                                 "--out", str(out), "--passes", "2"])  # fmt: skip
+                                 "--out", str(out), "--prefill", "recurrent"])  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "lens.csv")
     assert set(df["pass"]) == {1, 2} and {"fed_state", "fed_value"} <= set(df.read)
@@ -164,7 +166,9 @@ def test_lens_command_on_a_hugging_face_model(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize(
     "args,message",
-    [(["--passes", "0"], "error: --passes must be in 1..16, got 0"),
+    [(["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
+     (["--prefill", "full"], "error: --prefill full: this command reads Jacobi passes"),
+     (["-k", "2"], "error: -k is gone: use --prefill k2"),
      (["--tuned-lens", "nowhere"], "error: no tuned lens in nowhere"),
      (["--position", "colon+1"], "error: invalid position 'colon+1'")],
 )  # fmt: skip
@@ -180,7 +184,7 @@ def test_lens_refuses_bad_input_in_one_line(tmp_path, args, message):
 @pytest.mark.parametrize("task,offset", [("delayed_memory", 0), ("done_tracking", 0),
                                          ("multi_register", 1)])  # fmt: skip
 def test_the_lens_reads_where_the_answer_is_next(default_model, tmp_path, task, offset):
-    from probes.lens_run import answer_positions
+    from probes.lens.run import answer_positions
     from tasks import vocab
     from tasks.dataset import load
 

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from probes.html import colour, markdown_html
-from probes.plot import plot_all
-from probes.report import write_report
+from probes.fit.plot import plot_all
+from probes.report.html import colour, markdown_html
+from probes.report.markdown import write_report
 from tasks import vocab
 from tasks.generate import generate_dataset
 from tests.test_plot_report import results  # noqa: F401  (the hand-made results table)
@@ -81,7 +81,7 @@ def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results
 def fitted(tmp_path_factory):
     """The default model, a small delayed_memory set and its saved probes (two prefills)."""
     from fbt_probe.registry import resolve_model
-    from probes.run import run_fit
+    from probes.fit.run import run_fit
 
     tmp = tmp_path_factory.mktemp("view")
     model, name = resolve_model("default")
@@ -94,13 +94,13 @@ def fitted(tmp_path_factory):
 
 
 def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
-    from probes.artifacts import find, load_probes
-    from probes.extract import extract_features
-    from probes.view import view
+    from probes.common.extract import extract_features
+    from probes.fit.artifacts import find, load_probes
+    from probes.report.view import view
     from tasks.dataset import load
 
     model, tmp, data = fitted
-    out, lines = view(data=data, probes=tmp / "fit", examples="2,5", passes=3, out=tmp / "v.html")
+    out, lines = view(data=data, probes=tmp / "fit", examples="2,5", prefill="k3", out=tmp / "v.html")
     doc = page_data(out)
     ds = load(data)
     assert [e["row"] for e in doc["examples"]] == [2, 5] and "probes from" in doc["probe_note"]
@@ -127,7 +127,7 @@ def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
             )
     # attention: one character per weight; each query's row sums to 1 (to the rounding), and
     # the weights are the pattern hook's
-    from probes.view import ALPHABET, LEVELS
+    from probes.report.view import ALPHABET, LEVELS
 
     n = len(ex["tokens"])
     assert np.array(ex["attention"]).shape == (3, model.cfg.n_layers, model.n_heads)
@@ -145,14 +145,14 @@ def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
 
 
 def test_view_without_probes_says_how_to_get_them_and_refuses_bad_input(fitted, tmp_path):
-    from probes.view import view
+    from probes.report.view import view
 
     _, tmp, data = fitted
-    out, _ = view(data=data, probes=tmp_path, examples="0", passes=1, out=tmp_path / "v.html")
+    out, _ = view(data=data, probes=tmp_path, examples="0", prefill="standard", out=tmp_path / "v.html")
     doc = page_data(out)
     assert "fbt-probe fit" in doc["probe_note"] and doc["examples"][0]["probe"][0]["targets"] == {}
     for kw, msg in (({"examples": "x"}, "--examples"), ({"examples": "99999"}, "--examples"),
-                    ({"passes": 0}, "--passes"), ({"out": tmp_path / "v.txt"}, "--out"),
+                    ({"prefill": "k0"}, "--prefill"), ({"out": tmp_path / "v.txt"}, "--out"),
                     ({"task": "nope"}, "--task")):  # fmt: skip
         args = {"data": data, "probes": tmp_path, "out": tmp_path / "w.html", **kw}
         with pytest.raises(ValueError, match=msg):
@@ -174,7 +174,9 @@ def test_report_command_writes_both_pages(results):  # noqa: F811
 
 def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers():
     from fbt_probe.patching import STATE_HOOK
-    from probes.report_html import interactive
+    from probes.intervene.report import depth, interchange
+    from probes.lens.report import lens
+    from probes.trajectory.report import trajectory
 
     rng = np.random.default_rng(0)
     iv = []
@@ -201,9 +203,8 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
                        if not (k == 1 and r == "fed_state")])  # fmt: skip
     tr = pd.DataFrame([dict(task="dm", measure="convergence", offset=o, value=10.0 ** -k, n=16, **{"pass": k})
                        for k in (1, 2, 3) for o in (-2, -1, 0)])  # fmt: skip
-    tables = {"probes": None, "interventions": iv, "lens": ld, "trajectory": tr}
-    html, keep = interactive(tables, "interchange_dm")
-    assert not keep and html.count('class="cell"') == 6
+    html = "".join(interchange(iv, "dm"))
+    assert html.count('class="cell"') == 6
     r = iv[
         (iv.prefill == "full")
         & (iv.positions == "last4")
@@ -213,24 +214,24 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
         f"dm, full, positions last4\nflip rate {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
         in html
     )
-    html, _ = interactive(tables, "depth_dm")
+    html = "".join(depth(iv, "dm"))
     assert html.count('class="cell"') == 2 * 3 * 3 and "steer_probe α=+4" in html
-    html, _ = interactive(tables, "lens_dm")
+    html = "".join(lens(ld, "dm"))
     assert html.count('class="cell"') == 2 * 5  # two metrics x (2 reads in pass 1 + 3 in pass 2)
     kl = ld[(ld.metric == "kl") & (ld.read == "1") & (ld["pass"] == 2)].value.item()
     assert f"pass 2, read depth 1\nKL to the final distribution {kl:.3f}" in html
-    html, keep = interactive(tables, "trajectory_dm")
-    assert keep and html.count('class="cell"') == 2 * 3  # the last pass (0 by definition) left out
+    html = "".join(trajectory(tr, "dm"))
+    assert html.count('class="cell"') == 2 * 3  # the last pass (0 by definition) left out
     assert (
         "pass 2, position -1 (0: where the answer is next)\ndistance to the last pass 0.01" in html
     )
-    assert interactive(tables, "steering_dm") is None and interactive(tables, "lens_other") is None
+    assert lens(ld, "other") == []
 
 
 def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted, tmp_path):
     from fbt_probe.checkpoint import model_hash
     from fbt_probe.lens import Translators
-    from probes.view import view
+    from probes.report.view import view
 
     model, tmp, data = fitted
     n, d = len(model.depth_hooks()), model.cfg.d_model
@@ -239,7 +240,7 @@ def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted
         torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), {"model_hash": model_hash(model)}
     )
     eye.save(tmp_path / "lens" / "tuned_lens")
-    out, lines = view(data=data, probes=tmp_path, examples="3", passes=2, out=tmp_path / "v.html")
+    out, lines = view(data=data, probes=tmp_path, examples="3", prefill="recurrent", out=tmp_path / "v.html")
     assert "tuned lens from" in lines[0]
     rows = {r["name"]: [c[0] for c in r["cells"]] for r in page_data(out)["examples"][0]["lens"][1]}
     assert [k for k in rows if k.startswith("tuned")] == [f"tuned {i}" for i in range(n)]
@@ -248,5 +249,5 @@ def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted
     other.save(tmp_path / "other")
     with pytest.raises(ValueError, match="fitted on model"):
         view(data=data, tuned_lens=tmp_path / "other", out=tmp_path / "w.html")
-    _, lines = view(data=data, probes=tmp, examples="3", passes=1, out=tmp_path / "w.html")
+    _, lines = view(data=data, probes=tmp, examples="3", prefill="standard", out=tmp_path / "w.html")
     assert "no tuned lens" in lines[0]

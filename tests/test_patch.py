@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.prefill import parse_prefill
 from fbt_probe.registry import resolve_model
-from probes.intervene import CLEAN, TWIN, Record, _answer_logits, summarise
-from probes.patch_run import head_hook, patch_batch, twin_acts
-from probes.twins import batches, pairs_of
+from probes.common.twins import batches, pairs_of
+from probes.intervene.run import CLEAN, TWIN, Record, _answer_logits, summarise
+from probes.patch.run import head_hook, patch_batch, twin_acts
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 
@@ -152,7 +152,7 @@ def test_patch_refuses_bad_input_in_one_line(tmp_path, args, message):
 def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
     # every position of depth 0 in pass 1 is the twin's pass 1; pass 2 then fuses the twin's
     # pass-1 states with the clean embeddings: forward(init_states=...) computes exactly that
-    from probes.patch_run import Runner
+    from probes.patch.run import Runner
 
     model = resolve_model("default")[0].eval()
     pf = parse_prefill("recurrent")
@@ -174,7 +174,7 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
 @torch.inference_mode()
 def test_the_last_pass_reuses_the_clean_run_and_equals_running_every_pass_again(dm):
     from fbt_probe.patching import clean_run
-    from probes.patch_run import Runner
+    from probes.patch.run import Runner
 
     model = resolve_model("default")[0].eval()
     pf = parse_prefill("k3")

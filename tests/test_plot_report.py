@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from probes.plot import plot_all
-from probes.report import write_report
-from probes.results import layer0_table
-from probes.run import COLUMNS
+from probes.fit.plot import plot_all
+from probes.fit.results import layer0_table
+from probes.fit.run import COLUMNS
+from probes.report.markdown import write_report
 
 
 @pytest.fixture
@@ -116,9 +116,9 @@ def test_plot_cli_errors_without_results(tmp_path):
 def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0) -> pd.DataFrame:
     """A hand-made interventions table: delayed_memory under recurrent prefill, 3 depths."""
     from fbt_probe.patching import STATE_HOOK
-    from probes.intervene import COLUMNS as IV_COLUMNS
-    from probes.interventions import ALPHAS, TOKEN_SITE
-    from probes.twins import WINDOWS
+    from probes.common.twins import WINDOWS
+    from probes.intervene.registry import ALPHAS, TOKEN_SITE
+    from probes.intervene.run import COLUMNS as IV_COLUMNS
 
     rng = np.random.default_rng(1)
     rows = []
@@ -148,7 +148,7 @@ def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0)
 
 
 def test_intervention_figures_show_the_table(tmp_path):
-    from probes.intervene_plot import plot_interventions
+    from probes.intervene.plot import plot_interventions
 
     iv = _interventions(0.9, 0.1)
     drawn = plot_interventions(iv, tmp_path / "figs")
@@ -175,7 +175,7 @@ def test_intervention_figures_show_the_table(tmp_path):
      (0.1, 0.1, 1.0, "both, redundantly"), (0.1, 0.1, 0.3, "say nothing")],
 )  # fmt: skip
 def test_the_headline_reads_the_two_interchanges(state, token, clean, words):
-    from probes.report import headline
+    from probes.intervene.report import headline
 
     line = headline(_interventions(state, token, clean), "delayed_memory", "recurrent")
     assert words in line and f"{state:.3f}" in line
@@ -186,7 +186,7 @@ def test_a_battery_without_self_rows_is_read_against_the_clean_accuracy_it_measu
     # `intervene -i interchange_state,interchange_token` runs no `self` rows; the clean run's
     # accuracy then comes from the run's info, and a model that does not do the task gets
     # no verdict on which route it uses
-    from probes.report import headline
+    from probes.intervene.report import headline
 
     iv = _interventions(0.9, 0.1)
     iv = iv[iv.intervention != "self"]

@@ -13,9 +13,9 @@ from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import FBTConfig
 from fbt_probe.model import FBTModel
-from probes.extract import extract_cached, extract_features
-from probes.fit import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
-from probes.results import layer0_table, load_results
+from probes.common.extract import extract_cached, extract_features
+from probes.fit.cv import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
+from probes.fit.results import layer0_table, load_results
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 
@@ -197,7 +197,7 @@ def test_fit_bad_input(tiny_setup, tmp_path, args, msg):
 
 # ---- probe types, sites and saved probes ---------------------------------------------------
 def test_logistic_probe_is_the_sklearn_pipeline_and_a_registered_probe_plugs_in():
-    from probes.probe import PROBES, LogisticProbe, register_probe
+    from probes.fit.probe import PROBES, LogisticProbe, register_probe
 
     X, y, g = toy()
     ref = make_probe(0.1).fit(X, y)
@@ -226,14 +226,14 @@ def test_logistic_probe_is_the_sklearn_pipeline_and_a_registered_probe_plugs_in(
         res = cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g, probe="centroid-test")
         assert res.accuracy > 0.8 and res.Cs == [0.0] * 5
     finally:
-        PROBES.pop("centroid-test")
+        PROBES.remove("centroid-test")
     with pytest.raises(ValueError, match="unknown probe 'nope'"):
         cross_validate(X, y, grouped_splits(y, g, 5, 0), groups=g, probe="nope")
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setup, tmp_path):
-    from probes.artifacts import find, load_probes
+    from probes.fit.artifacts import find, load_probes
 
     root, model = tiny_setup
     out = tmp_path / "res"
@@ -258,7 +258,7 @@ def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setu
         )
         X = feats[keep, p.meta["depth"]]
         # refit in memory exactly as the fit did: the saved one predicts the same labels
-        from probes.probe import MLPProbe
+        from probes.fit.probe import MLPProbe
 
         again = MLPProbe(p.meta["reg"]).fit(X, y)
         assert np.array_equal(p.predict(X), again.predict(X))
@@ -269,7 +269,7 @@ def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setu
     )
     assert r.exit_code == 0, r.output
     p0 = find(load_probes(tmp_path / "lin"), depth=0, prefill="recurrent")
-    from probes.probe import LogisticProbe
+    from probes.fit.probe import LogisticProbe
 
     ref = LogisticProbe(p0.meta["reg"]).fit(feats[keep, 0], y)
     assert np.array_equal(p0.predict(feats[keep, 0]), ref.predict(feats[keep, 0]))
@@ -313,7 +313,7 @@ def test_fit_at_a_hook_site_and_before_the_colon(tiny_setup, tmp_path):
 def test_a_task_declared_position(tiny_setup, tmp_path):
     # delayed_memory declares 'bit', the position of the stored bit: depth 0 there under
     # standard prefill is that token's embedding, so even an untrained model's probe is exact
-    from probes.extract import site_positions
+    from probes.common.extract import site_positions
 
     root, model = tiny_setup
     ds = load(root / "delayed_memory.parquet")
@@ -344,7 +344,7 @@ def test_extraction_batches_keep_under_a_token_budget():
     from types import SimpleNamespace
 
     from fbt_probe.registry import resolve_model
-    from probes.extract import _batches, max_batch_tokens
+    from probes.common.extract import _batches, max_batch_tokens
 
     lengths = np.array([5, 3, 9, 4, 8, 2, 7])
     groups = [g.tolist() for g in _batches(lengths, batch_size=3, max_tokens=16)]

@@ -37,8 +37,13 @@ def test_the_readmes_python_blocks_run_in_order(capsys):
 
 
 def _commands(group, prefix=()):
-    """(words, click command) of every leaf command under ``group``."""
-    for name, cmd in group.commands.items():
+    """(words, click command) of every leaf command under ``group`` (the analyses' verbs
+    included: the group builds them when asked)."""
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
         if hasattr(cmd, "commands"):
             yield from _commands(cmd, (*prefix, name))
         else:

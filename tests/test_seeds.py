@@ -10,7 +10,7 @@ import pytest
 
 from fbt_probe.recipes import load_recipe, named_config
 from fbt_probe.train import train
-from probes.seeds import meets, parse_seeds, run_seed_study
+from probes.seeds.study import meets, parse_seeds, run_seed_study
 
 
 def test_parse_seeds():

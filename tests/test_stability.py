@@ -72,7 +72,7 @@ def test_long_soft_decoding_is_finite():
 def test_stability_cli(tmp_path):
     m = FBTModel(build_cfg(n_ctx=1100), seed=0).eval()
     save_model(m, tmp_path / "m")
-    r = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--passes", "6", "--task", "delayed_memory",
+    r = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--prefill", "k6", "--task", "delayed_memory",
                                  "--out", str(tmp_path / "s"), "--decode-tokens", "50"])  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "s" / "stability.csv")
@@ -80,5 +80,5 @@ def test_stability_cli(tmp_path):
     assert df["pass"].tolist() == [1, 2, 3, 4, 5, 6]
     for f in ("stability.png", "stability.pdf", "soft_decoding.png", "soft_decoding.csv"):
         assert (tmp_path / "s" / f).is_file()
-    bad = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--passes", "1001"])
+    bad = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--prefill", "k1001"])
     assert bad.exit_code == 1 and "1..1000" in bad.stderr

@@ -16,7 +16,7 @@ from cli import app
 from fbt_probe.checkpoint import load_model, save_model
 from fbt_probe.config import build_cfg
 from fbt_probe.model import FBTModel
-from probes.results import load_results
+from probes.fit.results import load_results
 from tasks import vocab
 from tasks.base import (
     STREAM_PROBE,
@@ -73,7 +73,7 @@ def toy(tmp_path):
     try:
         yield mod, builtin
     finally:
-        tasks.TASKS.pop(mod.NAME, None)
+        tasks.TASKS.remove(mod.NAME)
         sys.modules.pop(mod.NAME, None)
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.registry import resolve_model
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
-from probes.trajectory_run import CLASSES, COLUMNS
+from probes.trajectory.run import CLASSES, COLUMNS
 from tasks.generate import generate_dataset
 
 
@@ -69,7 +69,7 @@ def test_trajectory_command_on_the_default_model(tmp_path):
     data = tmp_path / "dm.parquet"
     generate_dataset("delayed_memory", data, n_groups=8, distractors=(1, 6), seed=2, twins=True)
     out = tmp_path / "tr"
-    r = CliRunner().invoke(app, ["trajectory", "--data", str(data), "--out", str(out), "-k", "4"])
+    r = CliRunner().invoke(app, ["trajectory", "--data", str(data), "--out", str(out), "-p", "k4"])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "trajectory.csv")
     assert list(df.columns) == COLUMNS
@@ -94,7 +94,7 @@ def test_trajectory_command_on_a_hugging_face_model(tiny_llama, tmp_path):
                      tokenizer=tiny_llama)  # fmt: skip
     out = tmp_path / "tr"
     r = CliRunner().invoke(app, ["trajectory", "--model", str(tiny_llama), "--data", str(data),
-                                 "--out", str(out), "-k", "3"])  # fmt: skip
+                                 "--out", str(out), "-p", "k3"])  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "trajectory.csv")
     assert set(df[df.measure == "convergence"]["pass"]) == {1, 2, 3}
@@ -102,7 +102,7 @@ def test_trajectory_command_on_a_hugging_face_model(tiny_llama, tmp_path):
 
 
 def test_trajectory_refuses_one_pass_in_one_line(tmp_path):
-    r = CliRunner().invoke(app, ["trajectory", "-k", "1", "--out", str(tmp_path / "t")])
+    r = CliRunner().invoke(app, ["trajectory", "-p", "standard", "--out", str(tmp_path / "t")])
     assert r.exit_code == 1
-    assert r.output.strip().splitlines() == ["error: --passes must be in 2..64, got 1"]
+    assert r.output.strip().splitlines() == ["error: --prefill standard: this command reads recurrent to k64 (2..64 passes)"]
     assert not (tmp_path / "t").exists()

@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -80,7 +85,7 @@ print(len(ds), "examples in", len(set(ds.group)), "groups; the first:", ds.text[
 # initialised copy of the model (the control).
 
 # %%
-from probes.run import run_fit
+from probes.fit.run import run_fit
 
 df = run_fit(
     model,
@@ -104,7 +109,7 @@ df[(df.model == "trained") & (df.depth == 0)][
 # only reach chance. One recurrent step puts the task state into the same position.
 
 # %%
-from probes.results import format_layer0, layer0_table
+from probes.fit.results import format_layer0, layer0_table
 
 table = layer0_table(df, model.entry_depth)
 print(format_layer0(table))
@@ -122,7 +127,7 @@ assert row.loc["recurrent", "accuracy"] >= 0.9
 # Rows are prefills, columns depths.
 
 # %%
-from probes.plot import plot_all
+from probes.fit.plot import plot_all
 
 drawn = plot_all(OUT / "results")
 drawn["prefill_by_depth"]["delayed_memory/label"].round(3)
@@ -139,7 +144,7 @@ drawn["prefill_by_depth"]["delayed_memory/label"].round(3)
 # tables you can sort and heatmaps that show each cell's interval and n on hover.
 
 # %%
-from probes.report import write_report
+from probes.report.markdown import write_report
 
 md = write_report(OUT / "results")
 html = md.with_suffix(".html")

@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -80,7 +85,7 @@ print(
 
 # %%
 from fbt_probe.registry import resolve_model
-from probes.intervene import run_intervene
+from probes.intervene.run import run_intervene
 
 model, name = resolve_model("default")
 plan = [("delayed_memory", "recurrent"), ("done_tracking", "recurrent")]
@@ -99,7 +104,7 @@ flips[["task", "intervention", "positions", "value", "ci_low", "ci_high"]]
 # disagree, which one does the answer follow?
 
 # %%
-from probes.report import headline
+from probes.intervene.report import headline
 
 verdicts = {task: headline(iv, task, prefill) for task, prefill in plan}
 for line in verdicts.values():
@@ -113,8 +118,8 @@ for line in verdicts.values():
 # A depth where the probe is perfect but erasure costs nothing is decodable and unused.
 
 # %%
-from probes.report import decodable_vs_used
-from probes.run import run_fit
+from probes.fit.run import run_fit
+from probes.intervene.report import decodable_vs_used
 
 fit = run_fit(
     model,

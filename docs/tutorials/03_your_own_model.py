@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -106,8 +111,8 @@ print([tuple(c["blocks.0.hook_resid_pre"].shape) for c in caches])
 # weights, tells a learned state from one a random network also exposes.
 
 # %%
-from probes.results import format_layer0, layer0_table
-from probes.run import run_fit
+from probes.fit.results import format_layer0, layer0_table
+from probes.fit.run import run_fit
 
 df = run_fit(
     model,
@@ -134,19 +139,19 @@ assert (table.ci_low <= table.accuracy + 1e-9).all() and (
 # %% [markdown]
 # ## Look at it
 #
-# `fbt-probe view` (here `probes.view.view`) writes one offline page: the tokens, what the
+# `fbt-probe view` (here `probes.report.view.view`) writes one offline page: the tokens, what the
 # saved probes predict at every depth and pass, the logit lens and its read of the fed-back
 # state, and every head's attention, pass by pass.
 
 # %%
-from probes.view import view
+from probes.report.view import view
 
 page, lines = view(
     model=str(folder),
     data=path,
     probes=OUT / "fit",
     examples="0,1",
-    passes=2,
+    prefill="recurrent",
     out=OUT / "view.html",
 )
 print(lines[0])

@@ -165,7 +165,7 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
 )
 @pytest.mark.slow
 def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path, capsys):
-    from probes.run import run_fit
+    from probes.fit.run import run_fit
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 

@@ -1,0 +1,61 @@
+"""Probes and analyses of full-bandwidth models: one folder per analysis, registered once.
+
+``run_<analysis>(model, options)`` runs an analysis as its CLI verb does (``run_fit``,
+``run_intervene``, ``run_lens``, ``run_trajectory``, ``run_patch``, ``run_heads``,
+``run_stability``); each takes its options dataclass (``FitOptions``, ...) or keyword changes
+to its defaults, and returns a ``Result`` (its tables and the lines it reports). Your own
+analysis, probe type or intervention is one ``register_*`` call.
+
+Heavy modules (torch, scikit-learn) are imported on first use, so that importing the
+registry (as the CLI does) stays quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from probes.analysis import (
+    ANALYSES,
+    Analysis,
+    Figure,
+    Result,
+    analysis_names,
+    get_analysis,
+    register_analysis,
+)
+
+# the built-in analyses, in the order reproduce runs them and the report shows them
+BUILTIN = ("fit", "intervene", "lens", "trajectory", "patch", "heads", "stability")
+for _name in BUILTIN:
+    importlib.import_module(f"probes.{_name}")
+
+# names whose modules import torch or scikit-learn: loaded when first asked for
+_LAZY = {
+    "register_probe": "probes.fit.probe",
+    "probe_class": "probes.fit.probe",
+    "PROBES": "probes.fit.probe",
+    "register_intervention": "probes.intervene.registry",
+    "INTERVENTIONS": "probes.intervene.registry:REGISTRY",
+    "load_probes": "probes.fit.artifacts",
+    "write_report": "probes.report.markdown",
+    "option": "probes.common.options",
+    **{
+        f"{name.title()}Options": f"probes.{name}.options"
+        for name in BUILTIN
+    },
+}
+RUNNERS = {f"run_{name}": name for name in ANALYSES}
+
+__all__ = [
+    "ANALYSES", "Analysis", "Figure", "Result", "analysis_names", "get_analysis", "option",
+    "register_analysis", *RUNNERS, *_LAZY,
+]  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in RUNNERS:
+        return ANALYSES[RUNNERS[name]]
+    if name in _LAZY:
+        module, _, attr = _LAZY[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
+    raise AttributeError(f"module 'probes' has no attribute {name!r}")

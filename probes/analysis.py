@@ -1,0 +1,125 @@
+"""The analysis registry: an analysis is one folder of ``probes/`` that registers itself once.
+
+An ``Analysis`` names everything the rest of the toolkit needs of it:
+
+- ``options``: a frozen dataclass whose fields are its options. A field's docstring (the
+  string under it) is its help; ``probes.common.options.option`` adds the flag's spelling
+  and bounds. The CLI
+  verb is generated from it (``cli.py``), and the library takes the same object;
+- ``run(options, progress)``: does the work, writes its folder, returns a ``Result``;
+- ``section(results)``: its part of report.md and report.html, a list of markdown strings and
+  ``Figure`` s, read from what ``run`` wrote under a results folder;
+- ``reproduce``: the options ``fbt-probe reproduce`` runs it with (None: not a step), or a
+  function ``(model, results, progress) -> lines`` where one set of options will not do.
+
+Functions may be given as ``"module:attribute"`` strings, imported on first use: the CLI
+imports the registry to build its verbs, and ``fbt-probe --help`` must not wait for torch.
+Register your own with ``register_analysis(Analysis(...))``; ``tests/test_analysis.py`` does it
+with a toy analysis.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from tasks.registry import Registry
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure of a report section: the PNG (linked from report.md, embedded in report.html)
+    and, where the figure is a heatmap, the interactive tables report.html shows instead,
+    drawn from the same selection of the same table (``keep_png``: the PNG has other panels
+    and is shown too)."""
+
+    path: Path
+    html: tuple[str, ...] = ()
+    keep_png: bool = False
+
+
+@dataclass
+class Result:
+    """What an analysis's run returns: its tables by name, and the lines it reports."""
+
+    tables: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def resolve(fn):
+    """``fn`` itself, or the attribute a ``"module:attribute"`` string names."""
+    if not isinstance(fn, str):
+        return fn
+    module, _, attr = fn.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis (see the module docstring). ``help``: the verb's help, its first line the
+    summary; ``example``: a command line that runs it, shown at the end of ``--help``;
+    ``folder``: where it writes inside a results folder (reproduce, the report);
+    ``moved``: options that are gone, each with what replaces it (``<N>``: the value given),
+    refused in one line."""
+
+    name: str
+    options: type | str
+    run: Callable | str
+    help: str
+    example: str
+    folder: str
+    section: Callable | str | None = None
+    reproduce: dict | Callable | str | None = None
+    moved: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.options, str) and not hasattr(self.options, "__dataclass_fields__"):
+            raise ValueError(f"analysis {self.name!r}: options must be a dataclass")
+        if not self.example.startswith(f"fbt-probe {self.name}"):
+            raise ValueError(
+                f"analysis {self.name!r}: its example must run 'fbt-probe {self.name}'"
+            )
+
+    def __call__(self, model=None, options=None, *, progress=None, **changes) -> Result:
+        """Run it as the library: ``options`` (default: the dataclass's defaults) with
+        ``changes`` applied, on ``model`` when given (a loaded model or a name)."""
+        opts = options if options is not None else self.options_class()
+        if model is not None:
+            changes["model"] = model
+        if changes:
+            opts = replace(opts, **changes)
+        res = resolve(self.run)(opts, progress)
+        return res if isinstance(res, Result) else Result(*res)
+
+    def report(self, results: Path) -> list:
+        """Its report section from ``results`` (empty where it has not run there)."""
+        return list(resolve(self.section)(Path(results))) if self.section else []
+
+    @property
+    def options_class(self) -> type:
+        """The options dataclass (imported where it was given as ``"module:Class"``)."""
+        return resolve(self.options)
+
+    def option_fields(self) -> list:
+        return list(fields(self.options_class))
+
+
+ANALYSES: Registry = Registry("analysis")
+
+
+def register_analysis(analysis: Analysis, *, replace: bool = False) -> Analysis:
+    """Add ``analysis`` under its name; one already registered is refused unless ``replace``.
+    It becomes a CLI verb, a section of report.md and report.html, and (with ``reproduce``)
+    a step of ``fbt-probe reproduce``."""
+    return ANALYSES.add(analysis.name, analysis, replace=replace)
+
+
+def get_analysis(name: str) -> Analysis:
+    return ANALYSES.lookup(name)
+
+
+def analysis_names() -> tuple[str, ...]:
+    return ANALYSES.names()

@@ -1,0 +1,43 @@
+"""Figures without a plotting backend: each is a ``matplotlib.figure.Figure`` of its own, drawn
+and saved without pyplot, so that importing fbt-probe never sets a backend (a notebook keeps
+its own) and no figure stays open in pyplot's global state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from tasks.files import atomic_write
+
+PREFILL_ORDER = ["standard", "recurrent", "full"]
+CMAP = "cividis"  # perceptually uniform and colour-blind safe
+PALETTE = sns.color_palette("colorblind")
+
+
+def ordered_prefills(df: pd.DataFrame) -> list[str]:
+    """The prefills of a table in reading order: standard, recurrent, full, then the rest
+    as they come (k<N>)."""
+    present = list(dict.fromkeys(df.prefill))
+    return [p for p in PREFILL_ORDER if p in present] + [
+        p for p in present if p not in PREFILL_ORDER
+    ]
+
+
+def subplots(nrows: int = 1, ncols: int = 1, **kw):
+    """``(figure, axes)`` as ``pyplot.subplots`` returns them, without pyplot: ``figsize``
+    and ``layout`` go to the figure, the rest (``squeeze``, ``sharex``, ...) to its axes."""
+    fig = Figure(**{k: kw.pop(k) for k in ("figsize", "layout", "dpi") if k in kw})
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def save_figure(fig, out: Path, stem: str) -> list[Path]:
+    """``stem``.png and .pdf in ``out``, each written whole or not at all (a failed write
+    leaves no partial or temporary file)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    atomic_write(paths[0], lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
+    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, format="pdf", bbox_inches="tight"))
+    return paths

@@ -1,0 +1,91 @@
+"""The options several analyses share, written once; each analysis's options dataclass
+extends ``Common`` and overrides a default (or a docstring) where its own differs."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import textwrap
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def option(default: Any = MISSING, *flags: str, **click: Any):
+    """A dataclass field that is also a CLI option: ``flags`` its spellings (default
+    ``--field-name``), ``click`` what typer.Option takes besides (``min``, ``max``,
+    ``hidden``, ``metavar``). The help is the field's docstring."""
+    meta = {"flags": flags, "click": click}
+    if isinstance(default, list | dict | set):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def option_help(cls: type) -> dict[str, str]:
+    """Each field's docstring: the string literal right below it in the class body."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not hasattr(klass, "__dataclass_fields__"):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        names = vars(importlib.import_module(klass.__module__))
+        for a, b in zip(body, body[1:], strict=False):
+            if (
+                isinstance(a, ast.AnnAssign)
+                and isinstance(a.target, ast.Name)
+                and isinstance(b, ast.Expr)
+            ):
+                doc = _text(b.value, names)
+                if doc is not None:
+                    out[a.target.id] = " ".join(doc.split())
+    return out
+
+
+def _text(node: ast.expr, names: dict) -> str | None:
+    """A docstring's text: a string literal, or literals and module constants joined by +
+    (a wording several options share is written once)."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.Name):
+        v = names.get(node.id)
+        return v if isinstance(v, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _text(node.left, names), _text(node.right, names)
+        return None if a is None or b is None else a + b
+    return None
+
+
+JACOBI_WORDS = "standard (1 pass), recurrent (2 passes) or k<N> (N passes)"
+PREFILL_WORDS = ("standard, recurrent (2 Jacobi passes), full (the exact recurrence), k<N> (N "
+                 "Jacobi passes)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Common:
+    """Options every analysis of a model takes."""
+
+    model: str = option("default", "--model", "-m")
+    """'default', a shipped model's name or a model/run folder (in the library: a loaded model too)."""
+    task: str = option("all", "--task", "-t")
+    """A task name ({tasks}), a comma-separated list, or 'all'."""
+    data: Path | None = option(None, "--data")
+    """A dataset file (its task is used); default data/<task>.parquet, generated if absent."""
+    out: Path = option(Path("results"), "--out", "-o")
+    """Output folder."""
+    device: str = option("cpu", "--device")
+    """Where to run: cpu, cuda, cuda:N, or auto."""
+
+
+def as_kwargs(options, *drop: str, **rename: str) -> dict:
+    """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``
+    mapping a field to the function's own name for it."""
+    from dataclasses import fields
+
+    return {rename.get(f.name, f.name): getattr(options, f.name) for f in fields(options)
+            if f.name not in drop}  # fmt: skip

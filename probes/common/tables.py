@@ -1,0 +1,28 @@
+"""Result tables: written whole or not at all, and their numbers as the reports print them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from tasks.files import atomic_write
+
+
+def write_table(df: pd.DataFrame, path: Path) -> Path:
+    """``df`` as a CSV at ``path`` (six significant digits), written whole or not at all."""
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    return path
+
+
+def write_json(doc: dict, path: Path) -> Path:
+    """``doc`` as indented JSON at ``path``, written whole or not at all."""
+    text = json.dumps(doc, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
+    return path
+
+
+def percent(x: float) -> str:
+    """A fraction as the report prints it (``–`` for a missing value)."""
+    return "–" if x != x else f"{100 * x:.1f} %"

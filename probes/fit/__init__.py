@@ -1,0 +1,19 @@
+"""``fit``: group-cross-validated probes at the colon, at every depth and prefill, with
+controls; the fitted probes are saved in ``<out>/probes/``."""
+
+from __future__ import annotations
+
+from probes.analysis import Analysis, register_analysis
+
+FIT = register_analysis(Analysis(
+    name="fit",
+    options="probes.fit.options:FitOptions",
+    run="probes.fit.run:run",
+    help="Fit group-cross-validated probes at the colon, at every depth and prefill; the fitted "
+    "probes are saved in OUT/probes/.",
+    example="fbt-probe fit --task delayed_memory --prefill standard,recurrent --out results",
+    folder="",
+    section="probes.fit.report:section",
+    moved={"--passes": "--prefill all,k<N> (the prefills and k<N>)"},
+    reproduce="probes.fit.run:reproduce",
+))  # fmt: skip

@@ -1,0 +1,377 @@
+"""The whole probing protocol behind ``fbt-probe fit``: extract, plan, fit, control, write.
+
+The protocol is a plan of cells (``Cell``: task, target, site, prefill, depth, subset and
+control), built first and then executed. For each task, target, site, prefill and depth it
+fits the grouped, nested-CV probe on the trained model (pooled over distractor counts
+1..256, per count, and for multi_register per number of overwrites), on a random-init model
+of the same config (the control that gives "decodable" a meaning) and on group-permuted
+labels (which must land at chance).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from joblib import Parallel, delayed
+
+from fbt_probe import __version__
+from fbt_probe.checkpoint import model_hash
+from fbt_probe.model import FeedbackModel
+from fbt_probe.prefill import PREFILLS, parse_prefill
+from fbt_probe.registry import random_init_like
+from probes.analysis import Result
+from probes.common.data import load_or_generate, tasks_and_data
+from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
+from probes.fit.cv import N_FOLDS, fit_cell, permute_by_group
+from probes.fit.probe import probe_class
+from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
+from tasks.base import POOLED
+from tasks.dataset import Dataset
+from tasks.files import claims
+
+COLUMNS = [
+    "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
+    "accuracy", "ci_low", "ci_high", "chance", "majority", "n_examples", "n_groups", "C",
+    "probe", "site",
+]  # fmt: skip
+CONTROLS = ("random_init", "permuted")
+
+
+def targets_of(ds: Dataset) -> dict[str, np.ndarray]:
+    """Probe targets as the task declares them (``tasks.target_names``), one per answer word:
+    ``label`` for delayed_memory and done_tracking, one per register for multi_register."""
+    labels = np.array([list(lab) for lab in ds.labels])
+    names = target_names(ds.task, ds.meta.get("params"))
+    if len(names) != labels.shape[1]:
+        raise ValueError(
+            f"task {ds.task} declares {len(names)} targets, its data has {labels.shape[1]} labels"
+        )
+    return {n: labels[:, i] for i, n in enumerate(names)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One probe fit of the protocol: which features, which labels, which examples.
+
+    ``model``: the trained model, its random-init control, or the trained model's features
+    with group-permuted labels. ``distractors``/``overwrites``: the subset ("1-256" = counts
+    1..256 pooled, "all" = every overwrite count). ``C``: the probe's regularisation, or None
+    to choose it by nested grouped CV."""
+
+    task: str
+    target: str
+    site: str
+    prefill: str
+    depth: int
+    model: str = "trained"
+    distractors: str = POOLED
+    overwrites: str = "all"
+    C: float | None = None
+
+    @property
+    def features(self) -> tuple[str, str, str, str]:
+        """The feature table the cell reads: (task, prefill, site, model whose features)."""
+        return (
+            self.task,
+            self.prefill,
+            self.site,
+            "random_init" if self.model == "random_init" else "trained",
+        )
+
+
+def _overwrites(ds: Dataset) -> np.ndarray | None:
+    """The task's own per-target stratum (multi_register: overwrites), if it declares one."""
+    return np.array([list(o) for o in ds.overwrites]) if stratum(ds.task) else None
+
+
+def pooled_plan(tasks, datasets, prefills, sites, n_depths, controls: bool) -> list[Cell]:
+    """The headline cells: every task, target, site, prefill and depth, counts 1..256."""
+    models = ("trained", *CONTROLS) if controls else ("trained",)
+    return [
+        Cell(t, target, site, p, d, model=m, C=1.0 if m == "permuted" else None)
+        for t in tasks
+        for target in target_names(t, datasets[t].meta.get("params"))
+        for site in sites
+        for p in prefills
+        for d in range(n_depths[(t, site)])
+        for m in models
+    ]
+
+
+def subset_plan(pooled_rows, datasets, targets, folds: int, grid) -> list[Cell]:
+    """Per distractor count, and for multi_register per number of overwrites, of each trained
+    pooled cell, with C fixed to the pooled cell's choice (no second nesting). A subset with
+    fewer groups than folds is left out."""
+    out = []
+    for r in pooled_rows:
+        if r["model"] != "trained":
+            continue
+        ds = datasets[r["task"]]
+        C = grid[-1] if r["C"] != r["C"] else r["C"]
+        base = Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"], C=C)
+        counts, groups = ds.n_distractors, ds.group
+        for n in sorted(set(counts.tolist())):
+            if len(np.unique(groups[counts == n])) >= folds:
+                out.append(replace(base, distractors=str(n)))
+        ow = _overwrites(ds)
+        if ow is not None:
+            ti = list(targets[r["task"]]).index(r["target"])
+            for k in sorted(set(ow[:, ti].tolist())):
+                m = (counts >= 1) & (ow[:, ti] == k)
+                if len(np.unique(groups[m])) >= folds:
+                    out.append(replace(base, overwrites=str(k)))
+    return out
+
+
+def cell_data(
+    cell: Cell, ds: Dataset, targets: dict[str, np.ndarray], feats: np.ndarray, seed: int
+):
+    """(X, y, groups) of a cell; ``targets`` is ``targets_of(ds)``."""
+    counts, groups = ds.n_distractors, ds.group
+    y = targets[cell.target]
+    if cell.distractors == POOLED:
+        m = counts >= 1
+    else:
+        m = counts == int(cell.distractors)
+    if cell.overwrites != "all":
+        ti = list(targets).index(cell.target)
+        m = m & (_overwrites(ds)[:, ti] == int(cell.overwrites))
+    X, y, g = feats[m, cell.depth], y[m], groups[m]
+    if cell.model == "permuted":
+        y = permute_by_group(y, g, seed + 1)
+    return X, y, g
+
+
+@claims("out_dir")
+def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK_NAMES,
+            prefills: tuple[str, ...] = PREFILLS, data: dict[str, str | Path] | None = None,
+            out_dir: str | Path = "results", *, seed: int = 0, folds: int = N_FOLDS,
+            controls: bool = True, per_count: bool = True,
+            cache_dir: str | Path | None = DEFAULT_CACHE, n_jobs: int = 2, progress=None,
+            probe: str = "logistic", sites: tuple[str, ...] = (RESID,),
+            save_probes: bool = True) -> pd.DataFrame:  # fmt: skip
+    """Run the protocol and write ``probe_results.csv``, ``probe_results.json`` and (with
+    ``save_probes``) every trained pooled cell's probe, refit on all its data, to
+    ``probes/`` (``probes.fit.artifacts``)."""
+    t0 = time.monotonic()
+    prefills = tuple(parse_prefill(p).name for p in prefills)
+    grid = probe_class(probe).grid
+    for t in tasks:
+        get_task(t)
+    for site in sites:
+        site_hooks(model, site)
+    control = random_init_like(model, seed=seed) if controls else None
+    models = {"trained": (model, model_hash(model)),
+              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
+    datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
+    for t, ds in datasets.items():  # before the features are extracted, not after
+        if folds > (n_groups := len(np.unique(ds.group))):
+            raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
+    # 1. features (cached on disk by model hash, dataset hash, prefill and site)
+    feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
+    for site in sites:
+        if all((site, p) in skipped for p in prefills):
+            raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
+    n_depths = {(t, site): next(f.shape[1] for k, f in feats.items() if k[0] == t and k[2] == site)
+                for t in tasks for site in sites}  # fmt: skip
+    # 2. the plan of cells, then its execution
+    targets = {t: targets_of(ds) for t, ds in datasets.items()}
+
+    def data_of(c: Cell):
+        return cell_data(c, datasets[c.task], targets[c.task], feats[c.features], seed)
+
+    def execute(cells, label):
+        return _run_cells(
+            [(c, *data_of(c)) for c in cells], seed, folds, n_jobs, progress, label, probe
+        )
+
+    plan = [c for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
+            if (c.site, c.prefill) not in skipped]  # fmt: skip
+    rows = execute(plan, "probe (pooled)")
+    if per_count:
+        rows += execute(subset_plan(rows, datasets, targets, folds, grid), "probe (per count)")
+    meta = fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds,
+                    seed, grid)  # fmt: skip
+    savable = all(hasattr(probe_class(probe), a) for a in ("state", "config", "from_saved"))
+    meta["probes_saved"] = bool(save_probes and savable)
+    if save_probes and savable:
+        save_pooled_probes(rows, data_of, grid, probe, meta, Path(out_dir) / "probes", n_jobs)
+    meta["seconds"] = time.monotonic() - t0
+    df = pd.DataFrame(rows)[COLUMNS]
+    write_results(df, Path(out_dir), meta)
+    return df
+
+
+def fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds, seed,
+             grid) -> dict:  # fmt: skip
+    """What ``probe_results.json`` says of a fit: the models, data, folds and seeds."""
+    return {
+        "model": model_name, "model_hash": models["trained"][1], "random_init_hash": models["random_init"][1],
+        "datasets": {t: {"content_hash": d.content_hash, "seed": d.meta["seed"], "n_groups": d.meta["n_groups"],
+                         "distractors": d.meta["distractors"], "n_examples": len(d)} for t, d in datasets.items()},
+        "prefills": list(prefills), "probe": probe, "sites": list(sites),
+        "skipped": [f"{s} under {p} prefill (does not fire)" for s, p in skipped], "folds": folds, "fold_seed": seed,
+        "bootstrap_seed": seed, "permutation_seed": seed + 1, "random_init_seed": seed, "C_grid": list(grid),
+        "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
+        "model_config": model.cfg.to_dict(), "entry_depth": model.entry_depth, "versions": versions(),
+    }  # fmt: skip
+
+
+def save_pooled_probes(rows, data_of, grid, probe, meta, folder: Path, n_jobs: int) -> None:
+    """Every trained pooled cell's probe, refit on all its data, as artifacts in ``folder``."""
+    from probes.fit.artifacts import fit_and_save
+
+    trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
+               and r["overwrites"] == "all"]  # fmt: skip
+    cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
+                  C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
+    fit_and_save(folder, cells, [data_of(c)[:2] for c in cells], probe, meta, n_jobs)
+
+
+def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
+        passes: int | None = None, data: str | Path | None = None, out: str | Path = "results",
+        seed: int = 0, folds: int = N_FOLDS, controls: bool = True, probe: str = "logistic",
+        sites: tuple[str, ...] = (RESID,), device: str = "cpu", progress=None):  # fmt: skip
+    """``fbt-probe fit``: the protocol on the model ``model`` names ('default' or a folder),
+    checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
+    and writes; returns (results, model name), or None on the other ranks."""
+    from fbt_probe.distributed import place
+    from fbt_probe.prefill import parse_prefills
+    from fbt_probe.registry import resolve_model
+    from tasks.files import check_output_dir
+
+    prefills = tuple(p.name for p in parse_prefills(prefill, passes))
+    task_list, data_map = tasks_and_data(task, data)
+    if folds < 2:
+        raise ValueError("--folds must be at least 2")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    check_output_dir(Path(out))
+    probe_class(probe)
+    dev, world = place(device)
+    m, name = resolve_model(model, dev)
+    for site in sites:
+        site_hooks(m, site)
+    if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
+        prefetch_features(m, task_list, prefills, data_map, sites, controls, seed,
+                          progress=progress if world.main else None)  # fmt: skip
+        world.barrier()
+        if not world.main:
+            return None
+    df = run_fit(m, name, task_list, prefills, data_map, out, seed=seed, folds=folds,
+                 controls=controls, progress=progress, probe=probe, sites=sites)  # fmt: skip
+    return df, name
+
+
+def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress=None):
+    """Features of every (task, prefill, site, model) the protocol reads: {key: array} and
+    the (site, prefill) pairs whose hook does not fire (e.g. fusion.* in pass 1).
+    ``models``: {"trained": (model, hash), "random_init": (control, hash)}."""
+    feats: dict[tuple[str, str, str, str], np.ndarray] = {}
+    jobs = [(t, p, site, v) for t in datasets for site in sites for p in prefills
+            for v in (["trained", "random_init"] if controls else ["trained"])]  # fmt: skip
+    skipped = []
+    for i, (t, p, site, v) in enumerate(jobs):
+        m, h = models[v]
+        if (site, p) in skipped:
+            continue
+        try:
+            feats[(t, p, site, v)], _ = extract_cached(
+                m, datasets[t], p, cache_dir, mhash=h, site=site
+            )
+        except SiteNotFired:
+            skipped.append((site, p))
+        if progress is not None:
+            progress(i + 1, len(jobs), f"extract {t} {p} {site} {v}")
+    return feats, skipped
+
+
+def prefetch_features(model, tasks, prefills, data=None, sites=(RESID,), controls=True,
+                      seed=0, cache_dir=DEFAULT_CACHE, progress=None) -> None:  # fmt: skip
+    """Under torchrun: every rank extracts its share of the features ``run_fit`` reads and
+    rank 0 writes them to the disk cache, where ``run_fit`` on rank 0 then finds them."""
+    if cache_dir is None:
+        raise ValueError("extraction across ranks needs the feature cache (cache_dir)")
+    control = random_init_like(model, seed=seed) if controls else None
+    models = {"trained": (model, model_hash(model)),
+              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
+    datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
+    extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
+
+
+def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
+    if not specs:
+        return []
+    out = []
+    chunk = max(1, len(specs) // 20)
+    for s in range(0, len(specs), chunk):
+        part = specs[s : s + chunk]
+        res = Parallel(n_jobs=n_jobs)(
+            delayed(fit_cell)(X, y, g, seed, folds, c.C, probe) for c, X, y, g in part
+        )
+        for (c, *_), r in zip(part, res, strict=True):
+            row = asdict(c)
+            row.pop("C")
+            out.append({**row, **r, "probe": probe})
+        if progress is not None:
+            progress(min(len(specs), s + chunk), len(specs), label)
+    return out
+
+
+def versions() -> dict:
+    import sklearn
+    import torch
+
+    return {"fbt_probe": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "sklearn": sklearn.__version__, "numpy": np.__version__, "vocab": vocab.VOCAB_VERSION}  # fmt: skip
+
+
+def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
+    from tasks.files import atomic_write
+
+    atomic_write(
+        out / "probe_results.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")
+    )
+    atomic_write(
+        out / "probe_results.json",
+        lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"),
+    )
+
+
+def run(options, progress=None) -> Result:
+    """The ``fit`` analysis (``probes.fit.FitOptions``): the protocol, then the table at the
+    feedback's entry depth in the lines it reports."""
+    from probes.fit.results import entry_depth, format_layer0, layer0_table
+
+    done = fit(model=options.model, task=options.task, prefill=options.prefill,
+               data=options.data, out=options.out, seed=options.seed, folds=options.folds,
+               controls=not options.no_controls, probe=options.probe,
+               sites=tuple(options.site or (RESID,)), device=options.device,
+               progress=progress)  # fmt: skip
+    if done is None:
+        return Result()  # another rank of torchrun
+    df, out = done[0], Path(options.out)
+    d = entry_depth(out)
+    where = "layer 0" if d == 0 else f"depth {d} (block {d}'s input, where the feedback enters)"
+    return Result({"probe_results": df}, [
+        f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
+        f"fitted probes in {out / 'probes'}", "",
+        f"{where} at the colon, pooled over distractor counts 1..256:",
+        format_layer0(layer0_table(df, d))])  # fmt: skip
+
+
+def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
+    """``fbt-probe reproduce``'s fit: every task, prefill and control into ``results``, its
+    figures, and the table at the feedback's entry depth."""
+    from probes.fit.plot import plot_all
+    from probes.fit.results import format_layer0, layer0_table
+
+    df = run_fit(model, name, out_dir=results, progress=progress)
+    plot_all(results)
+    return format_layer0(layer0_table(df, model.entry_depth)).splitlines()

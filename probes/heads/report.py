@@ -1,0 +1,25 @@
+"""The heads analysis in report.md and report.html: its findings and its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from probes.analysis import Figure
+from probes.heads.run import headline
+
+
+def section(results: Path) -> list:
+    """The heads' part of the report, from ``results/heads``: per task, the heads that read
+    the label (and the token after it) most in each pass, and the figures."""
+    folder = results / "heads"
+    if not (folder / "heads.csv").is_file():
+        return []
+    df = pd.read_csv(folder / "heads.csv", dtype={"distractors": str})
+    tasks = [t for t in dict.fromkeys(df.task) if t != "-"]
+    parts = ["## Attention by head and pass (`fbt-probe heads`)", ""]
+    parts += [f"- {headline(df, t)}" for t in tasks] + [""]
+    figs = folder / "figures"
+    parts += [Figure(png) for png in sorted(figs.glob("*.png"))] if figs.is_dir() else []
+    return parts

@@ -1,0 +1,18 @@
+"""``intervene``: is the decodable state used? Interchange, ablate, erase and steer it at the
+colon against each example's counterfactual twin."""
+
+from __future__ import annotations
+
+from probes.analysis import Analysis, register_analysis
+
+INTERVENE = register_analysis(Analysis(
+    name="intervene",
+    options="probes.intervene.options:InterveneOptions",
+    run="probes.intervene.run:run",
+    help="Is the decodable state used? Interchange, ablate, erase and steer it at the colon, "
+    "against each example's counterfactual twin; writes a CSV with bootstrap intervals and figures.",
+    example="fbt-probe intervene --task done_tracking --prefill full --intervention interchange_state",
+    folder="interventions",
+    section="probes.intervene.report:section",
+    reproduce="probes.intervene.run:reproduce",
+))  # fmt: skip

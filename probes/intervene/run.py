@@ -1,0 +1,477 @@
+"""The intervention battery behind ``fbt-probe intervene``: is decodable task state *used*?
+
+Every example of a twin dataset (``generate --twins``) has a counterfactual twin
+(``probes.common.twins``). Both are run once per prefill (``clean_run``); every intervention of the
+registry (``probes.intervene.registry``) is then a patched re-run of the last pass from its first
+patched position on (``fbt_probe.patching``), read at the answer position (the colon; for
+multi_register the position that predicts the flipped register's value).
+
+Metrics, each with a 95 % bootstrap interval over groups (``probes.fit.cv.GroupBootstrap``):
+``accuracy`` (the clean label is the argmax over the vocabulary), ``flip_rate`` (the twin's
+label is) and ``logit_diff``, the normalised logit difference (mean of l_clean - l_twin,
+rescaled so that 1 = the clean run and 0 = the twin run).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.checkpoint import model_hash
+from fbt_probe.model import FeedbackModel
+from fbt_probe.patching import clean_run, patched_output
+from fbt_probe.prefill import Prefill, parse_prefill
+from probes.analysis import Result
+from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
+from probes.common.twins import (
+    WINDOWS,
+    PairBatch,
+    Pairs,
+    batches,
+    donor_states,
+    donors,
+    pairs_of,
+    window_mask,
+)
+from probes.fit.cv import N_BOOT, GroupBootstrap, grouped_splits
+from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
+from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_interventions, specs
+from tasks import target_names
+from tasks.dataset import Dataset
+from tasks.files import claims
+
+METRICS = ("accuracy", "flip_rate", "logit_diff")
+COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
+           "ci_low", "ci_high", "n_examples"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Key:
+    """A row of the table: the intervention, where it acts and the steering alpha."""
+
+    intervention: str
+    site: str
+    positions: str
+    alpha: float = float("nan")
+
+
+CLEAN, TWIN = Key("clean", "", ""), Key("twin", "", "")
+
+
+@dataclass
+class Record:
+    """Per intervention, per example: correct, flipped, logit difference."""
+
+    n: int
+    hits: dict = field(default_factory=dict)
+
+    def _row(self, key: Key):
+        if key not in self.hits:
+            self.hits[key] = (np.zeros(self.n, bool), np.zeros(self.n, bool), np.zeros(self.n))
+        return self.hits[key]
+
+    def put(self, key: Key, idx: np.ndarray, logits: torch.Tensor, pairs: Pairs) -> None:
+        c, f, ld = self._row(key)
+        lg = logits.double().cpu().numpy()
+        arg = lg.argmax(1)
+        ci, ti = pairs.clean_id[idx], pairs.twin_id[idx]
+        rows = np.arange(len(idx))
+        c[idx], f[idx], ld[idx] = arg == ci, arg == ti, lg[rows, ci] - lg[rows, ti]
+
+    def copy(self, source: Key, key: Key, idx: np.ndarray) -> None:
+        """``key``'s outcome for the examples ``idx`` is ``source``'s (the same run)."""
+        for into, src in zip(self._row(key), self.hits[source], strict=True):
+            into[idx] = src[idx]
+
+
+# The clean runs of every batch are kept for the patched runs (each batch then runs once)
+# while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
+# just before its patched runs, and only the fed-back states stay between the two phases.
+KEEP_BYTES = 2 << 30
+
+
+def kept_bytes_per_token(model) -> int:
+    """What a batch's clean and twin traces hold per token, about: the keys and values with
+    their pristine copy and each block's input (5 x layers x d_model floats at most), a few
+    (pos, d_model) tensors, and the logits where the model's head is not lazy."""
+    d, n, v = model.cfg.d_model, model.cfg.n_layers, model.cfg.d_vocab
+    return 4 * (5 * n * d + 6 * d + (0 if model.lazy_logits else 2 * v))
+
+
+def _answer_logits(out, b: PairBatch, start: int, twin: bool = False) -> torch.Tensor:
+    """(b, vocab) at each example's (or each twin's) answer position, from a pass over the
+    positions >= start; only those positions go through the head."""
+    rows = torch.arange(len(b.idx), device=b.answer.device)
+    return out.logits_at(rows, (b.twin_answer if twin else b.answer) - start)
+
+
+def run_pair(model, b: PairBatch, pf: Prefill, keep_cache: bool = True) -> None:
+    """The clean run of a batch (with what patched runs reuse) and its twins' run."""
+    b.clean = clean_run(model, b.tokens, pf, keep_cache=keep_cache)
+    b.twin = clean_run(model, b.twin_tokens, pf, keep_cache=False)
+
+
+def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pairs: Pairs,
+                        progress=None, label: str = "", keep: bool = True):  # fmt: skip
+    """Run every batch and its twins once, recording their answers; ``keep`` keeps the runs
+    on the batches, else only the fed-back states. Returns the mean fed-back state over the
+    dataset (zero under standard prefill) and every batch's fed-back states (None each under
+    standard prefill)."""
+    total, count, fed = torch.zeros(model.cfg.d_model, dtype=torch.float64), 0, []
+    for k, b in enumerate(bs):
+        run_pair(model, b, pf, keep_cache=keep)
+        rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
+        rec.put(TWIN, b.idx, _answer_logits(b.twin.out, b, 0, twin=True), pairs)
+        fed.append(b.clean.fed)
+        if b.clean.fed is not None:
+            m = window_mask("all", b)
+            total += b.clean.fed[m].double().sum(0).cpu()
+            count += int(m.sum())
+        if not keep:
+            b.clean = b.twin = None
+        if progress is not None:
+            progress(k + 1, len(bs), f"{label}: clean and twin runs")
+    return (total / max(count, 1)).float().to(next(model.parameters()).device), fed
+
+
+# The depth interventions (erasers, steering: 20 patched runs a depth) run at this many
+# depths of the colon by default, evenly spaced from the embeddings to the top: all of the
+# built-in model's 5; 5 of a 30-layer model's 31, whose every depth would take hours on a CPU.
+DEFAULT_DEPTHS = 5
+
+
+def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
+    """The depths of ``--depths``: 'all', comma-separated depths, or None (DEFAULT_DEPTHS of
+    them, evenly spaced, the first and the last among them)."""
+    if spec is None:
+        k = min(DEFAULT_DEPTHS, n_depths)
+        return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
+    if spec.strip() == "all":
+        return tuple(range(n_depths))
+    try:
+        picked = sorted({int(w) for w in spec.split(",")})
+    except ValueError:
+        picked = []
+    if not picked or not all(0 <= d < n_depths for d in picked):
+        raise ValueError(f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, "
+                         "comma-separated")  # fmt: skip
+    return tuple(picked)
+
+
+def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, folds: int,
+              cache_dir, progress=None, label: str = "",
+              depths: tuple[int, ...] | None = None) -> tuple[dict, str]:  # fmt: skip
+    """Erasers and directions at ``depths`` of the colon (default: every depth),
+    cross-fitted over grouped folds, and what the directions came from."""
+    report = None if progress is None else (
+        lambda i, n, _: progress(i, n, f"{label}: features for the erasers"))  # fmt: skip
+    feats, _ = extract_cached(model, ds, pf, cache_dir, progress=report)
+    feats = feats[pairs.rows]
+    names = target_names(ds.task, ds.meta.get("params"))
+    targets = sorted(set(pairs.target.tolist()))
+    classes = {t: sorted(set(pairs.labels[:, t].tolist())) for t in targets}
+    held = [te for _, te in grouped_splits(pairs.labels[:, targets[0]], pairs.groups, folds, seed)]
+    tools, directions = {}, "none"
+    depths = tuple(range(feats.shape[1])) if depths is None else depths
+    for k, d in enumerate(depths):
+        saved = None
+        if probes is not None:
+            saved = saved_directions(probes, ds.task, names, targets, pf.name, d)
+        directions = "saved probes" if saved is not None else f"logistic (C={DIRECTION_C}) per fold"
+        tools[d] = depth_tools(feats[:, d], pairs, classes, held, saved, seed, d)
+        if progress is not None:
+            progress(k + 1, len(depths), f"{label}: erasers and directions by depth")
+    return tools, directions
+
+
+def aligned_if_fed(pairs: Pairs, pf: Prefill, task: str) -> Pairs:
+    """Under a prefill with feedback, the pairs whose twins line up with them position by
+    position: a shifted twin (a label word of another number of tokens) has no fed-back state
+    or token at the example's positions to swap in. Refused in one line where none is left."""
+    if not pf.feedback or not (pairs.shift != 0).any():
+        return pairs
+    keep = np.flatnonzero(pairs.shift == 0)
+    if len(keep) == 0:
+        raise ValueError(
+            f"{task}: through this tokenizer every twin's label word takes another number of "
+            f"tokens than its example's, so no twin lines up with its example position by "
+            f"position and --prefill {pf.name} has nothing to patch; --prefill standard runs "
+            "them (its token interchange is the twin's own run)"
+        )
+    return pairs.subset(keep)
+
+
+def patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state, donated, tools,
+                 hooks_by_depth, progress, label) -> tuple[int, dict]:  # fmt: skip
+    """Every batch's patched runs, into ``rec``; where the clean and twin runs were not kept,
+    each batch's are done again first. Returns the number of runs and seconds by kind."""
+    fed, answers, donor = donated
+    n_runs, by_kind = 0, dict.fromkeys(kinds, 0.0)
+    for k, b in enumerate(bs):
+        if not keep:
+            run_pair(model, b, pf)
+        dfed = donor_states(b, fed, answers, donor) if donor else None
+        ctx = Context(b, pf.passes, mean_state, dfed, tools, hooks_by_depth, model.skips_layers)
+        for sp in specs(ctx, kinds):
+            t1 = time.monotonic()
+            key = Key(sp.intervention, sp.site, sp.positions)
+            key = key if sp.alpha is None else Key(*astuple(key)[:3], sp.alpha)
+            if sp.twin_run:
+                rec.copy(TWIN, key, b.idx)
+            else:
+                out = patched_output(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
+                rec.put(key, b.idx, _answer_logits(out, b, sp.start), pairs)
+            by_kind[sp.intervention] += time.monotonic() - t1
+            n_runs += 1
+        b.clean = b.twin = None  # free the keys and values
+        if progress is not None:
+            progress(k + 1, len(bs), f"{label}: interventions")
+    return n_runs, by_kind
+
+
+@torch.inference_mode()
+def run_battery(
+    model: FeedbackModel,
+    ds: Dataset,
+    prefill: str | Prefill,
+    seed: int = 0,
+    folds: int = 5,
+    batch_size: int = 128,
+    cache_dir=DEFAULT_CACHE,
+    probes: list | None = None,
+    progress: Callable | None = None,
+    kinds: tuple[str, ...] | None = None,
+    depths: str | None = None,
+) -> tuple[Record, Pairs, dict]:
+    """Run the interventions ``kinds`` (default: every registered one) of one (dataset,
+    prefill), those at a depth at ``depths`` (``pick_depths``); returns the per-example
+    record, the pairs and what the run used."""
+    t0, pf, kinds = time.monotonic(), parse_prefill(prefill), kinds or tuple(REGISTRY)
+    model.eval()
+    pairs = aligned_if_fed(pairs_of(ds), pf, ds.task)
+    directed = any(REGISTRY[k].directions for k in kinds)
+    n_groups = len(np.unique(pairs.groups))
+    if directed and n_groups < folds:
+        raise ValueError(
+            f"{ds.task}: {n_groups} groups have twins, too few for {folds} grouped folds (the "
+            "erasers and directions are cross-fitted); generate more groups"
+        )
+    bs = batches(pairs, batch_size, next(model.parameters()).device,
+                 max_tokens=max_batch_tokens(model))  # fmt: skip
+    rec, label = Record(len(pairs)), f"{ds.task} {pf.name}"
+    keep = sum(b.tokens.numel() for b in bs) * kept_bytes_per_token(model) <= KEEP_BYTES
+    mean_state, fed = clean_and_twin_runs(model, bs, pf, rec, pairs, progress, label, keep)
+    donor = donors(pairs, bs, seed) if pf.feedback else {}
+    fed, answers = (fed if donor else []), [b.answer for b in bs]
+    t_clean = time.monotonic() - t0
+    tools, directions = None, "none"
+    hooks_by_depth = depth_hooks(model)
+    at = pick_depths(depths, len(hooks_by_depth))
+    if directed:
+        tools, directions = fit_tools(model, ds, pf, pairs, probes, seed, folds, cache_dir,
+                                      progress, label, at)  # fmt: skip
+    t_tools = time.monotonic() - t0 - t_clean
+    n_runs, by_kind = patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state,
+                                   (fed, answers, donor), tools, hooks_by_depth,
+                                   progress, label)  # fmt: skip
+    seconds = {"clean_and_twin": t_clean, "erasers": t_tools,
+               "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
+    info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),
+            "n_shifted": int((pairs.shift != 0).sum()), "runs_kept": keep,
+            "depths": list(at) if directed else [],
+            "patched_runs": n_runs, "directions": directions, "seconds": seconds}  # fmt: skip
+    return rec, pairs, info
+
+
+# ---- metrics --------------------------------------------------------------------------
+def summarise(rec: Record, pairs: Pairs, task: str, prefill: str, seed: int,
+              n_boot: int = N_BOOT) -> pd.DataFrame:  # fmt: skip
+    """One row per (intervention, metric) with its bootstrap interval over groups."""
+    boot = GroupBootstrap(pairs.groups, seed, n_boot)
+    (_, _, ld_clean), (_, _, ld_twin) = rec.hits[CLEAN], rec.hits[TWIN]
+    clean_sums, twin_sums = boot.sums(ld_clean), boot.sums(ld_twin)
+    rows = []
+    for key, (c, f, ld) in rec.hits.items():
+        if key in (CLEAN, TWIN):
+            continue
+        for metric, full, draws in (
+            ("accuracy", c.mean(), boot.mean(c)),
+            ("flip_rate", f.mean(), boot.mean(f)),
+            ("logit_diff", _norm(ld.sum(), ld_clean.sum(), ld_twin.sum()),
+             _norm(boot.sums(ld), clean_sums, twin_sums)),
+        ):  # fmt: skip
+            lo, hi = (
+                np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (np.nan,) * 2
+            )
+            rows.append({"task": task, "prefill": prefill, "intervention": key.intervention,
+                         "site": key.site, "positions": key.positions, "alpha": key.alpha,
+                         "metric": metric, "value": float(full), "ci_low": float(lo),
+                         "ci_high": float(hi), "n_examples": len(pairs)})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _norm(ld, clean, twin):
+    """(ld - twin) / (clean - twin): 1 = the clean run, 0 = the twin run."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.asarray(ld) - twin) / (np.asarray(clean) - twin)
+
+
+def reference(rec: Record, pairs: Pairs) -> dict:
+    """Answer accuracy of the clean and the twin runs (the twin scored on its own label)."""
+    c, _, _ = rec.hits[CLEAN]
+    _, tw, _ = rec.hits[TWIN]
+    return {"clean_accuracy": float(c.mean()), "twin_accuracy": float(tw.mean())}
+
+
+# ---- the command ------------------------------------------------------------------------
+@claims("out_dir")
+def run_intervene(
+    model: FeedbackModel,
+    model_name: str,
+    plan: list[tuple[str, str]],
+    out_dir: str | Path,
+    data: dict | None = None,
+    probes_dir: str | Path | None = None,
+    seed: int = 0,
+    batch_size: int = 128,
+    cache_dir=DEFAULT_CACHE,
+    progress: Callable | None = None,
+    kinds: tuple[str, ...] | None = None,
+    depths: str | None = None,
+) -> pd.DataFrame:
+    """The battery (the interventions ``kinds``, default all; ``depths``, ``pick_depths``)
+    for every (task, prefill) of
+    ``plan``; writes ``interventions.csv`` and ``interventions.json`` (what was run, on what,
+    and how long it took)."""
+    from probes.common.data import load_or_generate
+    from probes.fit.artifacts import load_probes
+    from probes.fit.run import versions
+    from tasks.files import atomic_write
+
+    plan = [(t, parse_prefill(p).name) for t, p in plan]
+    kinds = parse_interventions(",".join(kinds) if kinds else None)
+    out = Path(out_dir)
+    mhash = model_hash(model)
+    probes = None
+    if probes_dir is not None:
+        probes = [p for p in load_probes(probes_dir) if p.meta.get("model_hash") == mhash]
+        if not probes:
+            raise ValueError(f"the probes in {probes_dir} were fitted on another model")
+    frames, meta_runs = [], []
+    loaded = {}
+    for task, prefill in plan:
+        if task not in loaded:
+            loaded[task] = load_or_generate(task, (data or {}).get(task), model, twins=True)
+        ds = loaded[task]
+        rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
+                                       cache_dir=cache_dir, probes=probes, progress=progress,
+                                       kinds=kinds, depths=depths)  # fmt: skip
+        frames.append(summarise(rec, pairs, task, prefill, seed))
+        meta_runs.append({"task": task, "dataset_hash": ds.content_hash,
+                          "twins_hash": ds.meta.get("twins", {}).get("hash"),
+                          **info, **reference(rec, pairs)})  # fmt: skip
+    df = pd.concat(frames, ignore_index=True)
+    meta = {"model": model_name, "model_hash": mhash, "seed": seed, "bootstrap": N_BOOT,
+            "interventions": list(kinds),
+            "alphas": list(ALPHAS), "windows": list(WINDOWS), "runs": meta_runs,
+            "probes": str(probes_dir) if probes is not None else None, "versions": versions()}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "interventions.csv",
+                 lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))  # fmt: skip
+    atomic_write(out / "interventions.json",
+                 lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))  # fmt: skip
+    return df
+
+
+def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "default",
+              data: str | Path | None = None, out: str | Path = "results/interventions",
+              probes_dir: str | Path | None = None, seed: int = 0, random_init: bool = False,
+              batch_size: int = 128, device: str = "cpu", kinds: str | None = None,
+              depths: str | None = None, progress: Callable | None = None):  # fmt: skip
+    """``fbt-probe intervene``: the battery (``kinds``: comma-separated names, default all)
+    on each task x prefill, checked before any work; writes ``interventions.csv`` and
+    ``.json`` and the figures. Under torchrun the ranks share the probe features'
+    extraction and rank 0 runs the battery. Returns (results, plan), None on other ranks."""
+    from fbt_probe.distributed import place
+    from fbt_probe.prefill import parse_prefills
+    from fbt_probe.registry import random_init_like, resolve_model
+    from probes.common.data import load_or_generate, tasks_and_data
+    from probes.intervene.plot import plot_interventions
+    from tasks import get_task
+    from tasks.files import check_output_dir
+
+    prefills = parse_prefills(prefill)
+    names = parse_interventions(kinds)
+    task_list, data_map = tasks_and_data(task, data)
+    for t in task_list:
+        if not hasattr(get_task(t), "twin"):
+            raise ValueError(f"task {t} defines no twins, so it cannot be intervened on")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    check_output_dir(Path(out))
+    if random_init and probes_dir is not None:
+        raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
+    if probes_dir is not None:
+        from probes.fit.artifacts import load_probes
+
+        load_probes(probes_dir)  # a missing or unreadable folder fails now, not after work
+    dev, world = place(device)
+    m, name = resolve_model(model, dev)
+    pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
+    if random_init:
+        m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
+    if world.size > 1:  # torchrun: the ranks share the probe features' extraction
+        for t in task_list:
+            ds = load_or_generate(t, (data_map or {}).get(t), m, twins=True)
+            for p in prefills:
+                extract_cached(m, ds, p)
+        world.barrier()
+        if not world.main:
+            return None  # rank 0 runs the battery, finding the features in the cache
+    plan = [(t, p.name) for t in task_list for p in prefills]
+    df = run_intervene(m, name, plan, out, data=data_map, probes_dir=probes_dir, seed=seed,
+                       batch_size=batch_size, progress=progress, kinds=names,
+                       depths=depths)  # fmt: skip
+    plot_interventions(df, Path(out) / "figures")
+    return df, plan
+
+
+# the paper's one-step probe setting on delayed_memory, and the exact recurrence, what
+# inference computes, on done_tracking: the battery ``fbt-probe reproduce`` runs
+BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
+
+
+def run(options, progress=None) -> Result:
+    """The ``intervene`` analysis (``probes.intervene.InterveneOptions``)."""
+    from probes.intervene.report import headlines
+
+    o = options
+    done = intervene(task=o.task, prefill=o.prefill, model=o.model, data=o.data, out=o.out,
+                     probes_dir=o.probes, seed=o.seed, random_init=o.random_init,
+                     batch_size=o.batch_size, device=o.device, kinds=o.intervention,
+                     depths=o.depths, progress=progress)  # fmt: skip
+    if done is None:
+        return Result()  # another rank of torchrun
+    df, plan = done
+    out = Path(o.out)
+    lines = [f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"]
+    return Result({"interventions": df}, lines + headlines(df, plan, out))
+
+
+def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
+    """``fbt-probe reproduce``'s battery (``BATTERY``, not a product of tasks and prefills)
+    with the steering directions of the probes fitted into ``results``."""
+    from probes.intervene.plot import plot_interventions
+    from probes.intervene.report import headline
+
+    out = Path(results) / "interventions"
+    iv = run_intervene(model, name, list(BATTERY), out, probes_dir=results, progress=progress)
+    plot_interventions(iv, out / "figures")
+    return [f"  {headline(iv, t, p)}" for t, p in BATTERY]

@@ -1,0 +1,26 @@
+"""The options of ``fbt-probe lens``: each field is an option, its docstring the help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.common.options import JACOBI_WORDS, Common, option
+
+
+@dataclass(frozen=True)
+class LensOptions(Common):
+    prefill: str = option("k3", "--prefill", "-p")
+    "The Jacobi passes read, every one up to the last: " + JACOBI_WORDS + "; 1..16 passes."
+    position: str = option("answer", "--position")
+    """Where each prompt is read: answer (whose next token is the answer), colon, colon-K, or a declared one."""
+    out: Path = option(Path("results/lens"), "--out", "-o")
+    """Output folder."""
+    tuned: bool = option(True, "--tuned/--no-tuned")
+    """Also fit a tuned lens on half the groups (saved in OUT/tuned_lens)."""
+    tuned_lens: Path | None = option(None, "--tuned-lens")
+    """Read through this saved tuned lens instead."""
+    seed: int = option(0, "--seed")
+    """Which groups fit the tuned lens; bootstrap seed."""
+    batch_size: int = option(64, "--batch-size", min=1)
+    """Examples per batch."""

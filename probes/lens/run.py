@@ -1,0 +1,269 @@
+"""``fbt-probe lens``: the logit lens and a tuned lens at every (pass, depth), and the
+fed-back state read through the head, at one position of each prompt: by default the one
+whose next token is the answer (the first label's first token; the colon of delayed_memory
+and done_tracking).
+
+The tasks' groups are split in two by the seed: a tuned lens is fitted on the first half's
+prompts (every position after the first, every pass; ``fbt_probe.lens``) and saved in
+``<out>/tuned_lens/``; every measure is taken on the other half. With ``--tuned-lens DIR``
+(a saved one, checked against the model's hash) or ``--no-tuned`` nothing is fitted and every
+example is measured. Writes ``lens.csv`` (one row per task, lens, read, pass, distractor
+count and measure, with 95 % intervals over groups), ``lens.json`` and a heatmap of pass x
+depth per task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
+from fbt_probe.prefill import jacobi_passes
+from probes.analysis import Result
+from probes.common.extract import _batches, max_batch_tokens, parse_site, site_positions
+from probes.common.twins import _padded as padded
+from probes.fit.cv import N_BOOT, GroupBootstrap
+from tasks import vocab
+from tasks.base import POOLED
+from tasks.dataset import Dataset
+from tasks.files import atomic_write
+
+COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
+           "n_examples"]  # fmt: skip
+MAX_PASSES = 16
+
+
+def split_groups(ds: Dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, measure) example indices: half the groups each, drawn by ``seed``."""
+    groups = np.unique(ds.group)
+    fit = set(np.random.default_rng(seed).permutation(groups)[: len(groups) // 2].tolist())
+    mask = np.array([g in fit for g in ds.group.tolist()])
+    return np.flatnonzero(mask), np.flatnonzero(~mask)
+
+
+def answer_positions(ds: Dataset, model, position: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: where it is read and the answer token scored there, the first label's
+    first token. ``position`` 'answer' reads where that token is next (the colon of
+    delayed_memory and done_tracking; the first register's name after multi_register's
+    colon); otherwise a site position (``colon``, ``colon-K``, a declared one)."""
+    enc = getattr(model, "encoding", None)
+    first = (lambda w: enc.first_token(w)) if enc is not None else (lambda w: vocab.encode([w])[0])
+    at, answer = np.zeros(len(ds), np.int64), np.zeros(len(ds), np.int64)
+    for i, (ids, labels, c) in enumerate(zip(ds.token_ids, ds.labels, ds.colon_index, strict=True)):
+        hits = np.flatnonzero(np.asarray(ids[c + 1 :]) == first(labels[0]))
+        if not len(hits):
+            raise ValueError(f"row {i}: its first label {labels[0]!r} is not after its colon")
+        answer[i], at[i] = first(labels[0]), c + int(hits[0])
+    if position != "answer":
+        at = site_positions(ds, f"resid@{position}")
+    return at, answer
+
+
+def prompts(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
+    """(len(idx), longest) the examples' first ``lengths`` tokens, right-padded."""
+    return padded([ds.token_ids[i][: lengths[i]] for i in idx]).to(device)
+
+
+def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, meta: dict,
+                    batch_size: int, progress=None) -> Translators:  # fmt: skip
+    """Ridge translators from the prompts ``sets`` names ((dataset, example indices)); every
+    prompt position but the first (a model's first position is its own kind of state)."""
+    device = next(model.parameters()).device
+    stats = RidgeStats(len(model.depth_hooks()), model.cfg.d_model)
+    total, done = sum(len(i) for _, i in sets), 0
+    for ds, chosen in sets:
+        lengths = ds.colon_index + 1
+        for part in _batches(lengths[chosen], batch_size, max_batch_tokens(model)):
+            idx = chosen[part]
+            toks = prompts(ds, idx, lengths, device)
+            t = torch.arange(toks.shape[1], device=device)[None]
+            keep = (t >= 1) & (t < torch.as_tensor(lengths[idx], device=device)[:, None])
+            accumulate(model, stats, toks, keep, passes)
+            done += len(idx)
+            if progress is not None:
+                progress(done, total, "tuned lens: fitting")
+    return stats.solve(meta)
+
+
+def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.ndarray], passes: int,
+            tuned: Translators | None, batch_size: int, progress=None) -> dict[str, LensReads]:  # fmt: skip
+    """Every read of the examples ``idx`` at ``where`` (positions and answer ids, one each per
+    example of ``ds``)."""
+    device = next(model.parameters()).device
+    lengths = np.maximum(ds.colon_index, where[0]) + 1
+    parts: dict[str, list] = {}
+    order: list[np.ndarray] = []  # positions in ``idx`` of each batch's examples
+    for part in _batches(lengths[idx], batch_size, max_batch_tokens(model)):
+        b = idx[part]
+        toks = prompts(ds, b, lengths, device)
+        at, answer = (torch.as_tensor(w[b], device=device) for w in where)
+        for name, r in lens_batch(model, toks, at, answer, passes, tuned).items():
+            parts.setdefault(name, []).append(r)
+        order.append(part)
+        if progress is not None:
+            progress(sum(len(o) for o in order), len(idx), f"{ds.task}: lens")
+    back = np.argsort(np.concatenate(order))  # each example back to its place in ``idx``
+    return {
+        name: LensReads(
+            rs[0].reads,
+            *(np.concatenate([getattr(r, f) for r in rs])[back] for f in ("kl", "prob", "rank")),
+        )  # fmt: skip
+        for name, rs in parts.items()
+    }
+
+
+def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts: np.ndarray,
+              seed: int, n_boot: int = N_BOOT) -> list[dict]:  # fmt: skip
+    """Rows of ``COLUMNS``: per lens, read, pass and distractor count (each, and all pooled),
+    the mean KL, answer probability and top-1 rate with group-bootstrap intervals, and the
+    median rank."""
+    rows = []
+    cells = [(POOLED, np.ones(len(groups), bool))] + [
+        (str(int(c)), counts == c) for c in np.unique(counts)
+    ]
+    for label, mask in cells:
+        boot = GroupBootstrap(groups[mask], seed, n_boot)
+        for name, r in reads.items():
+            for k in range(r.kl.shape[1]):
+                for j, read in enumerate(r.reads):
+                    kl, prob, rank = r.kl[mask, k, j], r.prob[mask, k, j], r.rank[mask, k, j]
+                    if np.isnan(kl).all():
+                        continue  # the fed-back state in pass 1
+                    base = {"task": task, "lens": name, "read": read, "pass": k + 1,
+                            "distractors": label, "n_examples": int(mask.sum())}  # fmt: skip
+                    for metric, v in (("kl", kl), ("answer_prob", prob),
+                                      ("answer_top1", (rank == 0).astype(float))):  # fmt: skip
+                        lo, hi = np.percentile(boot.mean(v), [2.5, 97.5])
+                        rows.append({**base, "metric": metric, "value": float(v.mean()),
+                                     "ci_low": float(lo), "ci_high": float(hi)})  # fmt: skip
+                    rows.append({**base, "metric": "answer_rank", "value": float(np.median(rank)),
+                                 "ci_low": np.nan, "ci_high": np.nan})  # fmt: skip
+    return rows
+
+
+def headline(df: pd.DataFrame, task: str) -> str:
+    """Per pass, the first depth whose logit lens puts the answer on top for most examples;
+    the tuned lens at depth 0 (the fed-back input, from pass 2 on); the fed-back state's
+    median rank of the answer."""
+    g = df[(df.task == task) & (df.distractors == POOLED)]
+    top = g[(g.metric == "answer_top1") & g.read.str.isdigit()].copy()
+    top["depth"] = top.read.astype(int)
+    parts = []
+    for k, gk in top[top.lens == "logit"].groupby("pass"):
+        hit = gk[gk.value > 0.5].sort_values("depth")
+        parts.append(
+            f"depth {int(hit.depth.iloc[0])} in pass {k}" if len(hit) else f"no depth of pass {k}"
+        )
+    line = f"{task}: the answer first tops the logit lens at " + ", ".join(parts)
+    d0 = top[(top.lens == "tuned") & (top.depth == 0)].sort_values("pass")
+    if len(d0):
+        line += "; the tuned lens reads it at depth 0 for " + ", ".join(
+            f"{r.value:.3f} in pass {r['pass']}" for _, r in d0.iterrows()
+        )
+    fed = g[(g.read == "fed_state") & (g.metric == "answer_rank") & (g.lens == "logit")]
+    if len(fed):
+        r = fed.sort_values("pass").iloc[0]
+        line += f"; the fed-back state ranks it {r.value:.0f} (median, pass {r['pass']})"
+    return line + "."
+
+
+def _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size, progress):
+    meta = {"model": name, "model_hash": mhash, "passes": passes, "seed": seed,
+            "fitted_on": {t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
+                          for t, ds in datasets.items()}}  # fmt: skip
+    return fit_translators(m, [(ds, split[t][0]) for t, ds in datasets.items()], passes, meta,
+                           batch_size, progress)  # fmt: skip
+
+
+def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if fitted is not None:
+        fitted.save(out / "tuned_lens")
+    atomic_write(out / "lens.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    text = json.dumps(doc, indent=1) + "\n"
+    atomic_write(out / "lens.json", lambda tmp: Path(tmp).write_text(text))
+
+
+def check_position(position: str, tasks) -> None:
+    """``--position`` before any work: 'answer', 'colon', 'colon-K' or a position each of
+    ``tasks`` declares."""
+    from tasks import get_task
+
+    if position == "answer":
+        return
+    if not position.strip():
+        raise ValueError("--position '': give answer, colon, colon-K or a declared position")
+    where = parse_site(f"resid@{position}")[1]
+    for t in tasks if isinstance(where, str) else ():
+        declared = sorted(getattr(get_task(t), "POSITIONS", {}))
+        if where not in declared:
+            raise ValueError(f"--position {position!r}: task {t} declares no such position "
+                             f"(it declares {', '.join(declared) or 'none'})")  # fmt: skip
+
+
+def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "answer",
+         data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
+         tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
+         device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+    """``fbt-probe lens`` (see the module docstring); returns the table and the report's
+    lines. Every argument is checked before any work."""
+    from fbt_probe.checkpoint import model_hash
+    from fbt_probe.device import resolve_device
+    from fbt_probe.registry import resolve_model
+    from probes.common.data import load_or_generate, tasks_and_data
+    from probes.lens.plot import plot_lens
+    from tasks.files import check_output_dir
+
+    out = Path(out)
+    if not 1 <= passes <= MAX_PASSES:
+        raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
+    if batch_size < 1:
+        raise ValueError("--batch-size must be at least 1")
+    check_output_dir(out)
+    task_list, data_map = tasks_and_data(task, data)
+    check_position(position, task_list)
+    m, name = resolve_model(model, resolve_device(device))
+    m.eval()
+    mhash = model_hash(m)
+    loaded = Translators.load(tuned_lens, m, mhash) if tuned_lens is not None else None
+    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m) for t in task_list}
+    where = {t: answer_positions(ds, m, position) for t, ds in datasets.items()}
+    fitting = tuned and loaded is None
+    split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
+             for t, ds in datasets.items()}  # fmt: skip
+    translators = loaded if tuned else None
+    if fitting:
+        translators = _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size,
+                                     progress)  # fmt: skip
+    rows, lines = [], []
+    for t, ds in datasets.items():
+        idx = split[t][1]
+        reads = measure(m, ds, idx, where[t], passes, translators if tuned else None,
+                        batch_size, progress)  # fmt: skip
+        rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], seed)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    doc = {"model": name, "model_hash": mhash, "passes": passes, "position": position,
+           "seed": seed, "tuned_lens": None if translators is None else translators.meta,
+           "datasets": {t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
+                        for t, ds in datasets.items()}}  # fmt: skip
+    _write(out, df, doc, translators if fitting else None)
+    for t in datasets:
+        plot_lens(df, t, out / "figures")
+        lines.append(headline(df, t))
+    lines.append(f"wrote {out / 'lens.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
+                 + (f"; the tuned lens in {out / 'tuned_lens'}" if fitting else ""))  # fmt: skip
+    return df, lines
+
+
+def run(options, progress=None) -> Result:
+    """The ``lens`` analysis (``probes.lens.LensOptions``)."""
+    o = options
+    passes = jacobi_passes(o.prefill, 1, MAX_PASSES)
+    df, lines = lens(model=o.model, task=o.task, passes=passes, position=o.position,
+                     data=o.data, out=o.out, tuned=o.tuned, tuned_lens=o.tuned_lens, seed=o.seed,
+                     batch_size=o.batch_size, device=o.device, progress=progress)  # fmt: skip
+    return Result({"lens": df}, lines)

@@ -1,0 +1,85 @@
+"""The patching figures, drawn from ``patch.csv`` alone: heatmaps of the normalised logit
+difference (1: the clean run, 0: the twin's) by depth x position, layer x head and block-0
+q/k/v x head, and one line of findings per kind."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+
+from probes.common.figures import save_figure, subplots
+
+DIVERGING = "RdBu"  # 0 (the twin's answer) red, 1 (the clean one) blue
+
+
+def _depth(site: str) -> int:
+    """blocks.{l}.hook_resid_pre -> l; blocks.{l}.hook_resid_post -> l + 1."""
+    layer = int(re.search(r"blocks\.(\d+)\.", site).group(1))
+    return layer + 1 if site.endswith("resid_post") else layer
+
+
+def patch_matrix(df: pd.DataFrame, task: str, kind: str) -> pd.DataFrame:
+    g = df[
+        (df.task == task) & (df.intervention == f"patch_{kind}") & (df.metric == "logit_diff")
+    ].copy()
+    if g.empty:
+        return pd.DataFrame()
+    if kind == "resid":
+        g["row"] = g.site.map(_depth)
+        cols = list(dict.fromkeys(g.positions))
+    elif kind == "head":
+        g["row"] = g.site.map(lambda s: int(re.search(r"blocks\.(\d+)\.", s).group(1)))
+    else:
+        g["row"] = g.site.str[-1]
+    if kind != "resid":
+        g["col"] = g.positions.str.split().str[-1].astype(int)
+        cols = sorted(set(g.col))
+        g["positions"] = g.col
+    t = g.pivot_table(index="row", columns="positions", values="value", aggfunc="first")
+    return t[cols]
+
+
+TITLES = {"resid": ("depth", "position patched"), "head": ("layer", "head (output, hook_z)"),
+          "path": ("block-0 input", "head (the twin's fed-back state into it only)")}  # fmt: skip
+
+
+def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> dict[str, pd.DataFrame]:
+    """``patch_<kind>_<task>`` in ``out`` for each kind present; returns the matrices drawn.
+    ``prefill``: how the title names the run (e.g. 'recurrent prefill, pass 2')."""
+    drawn = {}
+    for kind, (ylabel, xlabel) in TITLES.items():
+        t = patch_matrix(df, task, kind)
+        if t.empty:
+            continue
+        fig, ax = subplots(
+            figsize=(max(5, 0.7 * t.shape[1] + 2), max(2.5, 0.45 * t.shape[0] + 1.2))
+        )
+        sns.heatmap(t, ax=ax, cmap=DIVERGING, vmin=-0.2, vmax=1.2, center=0.5, annot=t.size <= 200,
+                    fmt=".2f", cbar_kws={"label": "logit difference (1 clean, 0 twin)"})  # fmt: skip
+        ax.set_title(f"{task}, {prefill}: patch the twin's {kind}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        save_figure(fig, Path(out), f"patch_{kind}_{task}")
+        drawn[kind] = t
+    return drawn
+
+
+def findings(df: pd.DataFrame, task: str, prefill: str) -> list[str]:
+    """Per kind patched: the three patches that move the answer most toward the twin's."""
+    lines = []
+    for kind, (ylabel, xlabel) in TITLES.items():
+        t = patch_matrix(df, task, kind)
+        if t.empty:
+            continue
+        low = t.stack().sort_values()
+        where = ", ".join(
+            f"{ylabel} {r} / {xlabel.split(' (')[0]} {c}: {v:.3f}"
+            for (r, c), v in low.head(3).items()
+        )
+        lines.append(
+            f"{task} {prefill}, {kind}: the patches that move the answer most toward the twin's: {where}."
+        )
+    return lines

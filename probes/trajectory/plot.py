@@ -1,0 +1,76 @@
+"""The trajectory figure, drawn from ``trajectory.csv`` and ``trajectory_pca.csv`` alone: per
+task the convergence map (pass x position, log colour), the read position's states on two
+principal components with each example's passes joined, answer flips by distractor count,
+and the fusion's gate by token class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.colors import LogNorm
+
+from probes.common.figures import CMAP, PALETTE, save_figure, subplots
+from tasks.base import POOLED
+
+PCA_EXAMPLES = 120  # examples drawn in the PCA panel (all are in the CSV)
+
+
+def convergence_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Rows: pass (the last one is 0 by definition and left out); columns: offset."""
+    g = df[(df.task == task) & (df.measure == "convergence")]
+    t = g.pivot_table(index="pass", columns="offset", values="value", aggfunc="first")
+    return t.iloc[:-1]
+
+
+def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -> dict:
+    """``trajectory_<task>`` in ``out``; returns what each panel drew."""
+    fig, axes = subplots(1, 4, figsize=(22, 4.2), gridspec_kw={"width_ratios": [2.2, 1.3, 1.3, 1]})
+    drawn = {"convergence": convergence_matrix(df, task)}
+    t = drawn["convergence"]
+    positive = t.values[t.values > 0]
+    lo = float(positive.min()) if positive.size else 1e-6
+    sns.heatmap(t.clip(lower=lo), ax=axes[0], cmap=CMAP, norm=LogNorm(vmin=lo, vmax=max(lo * 10, float(np.nanmax(t.values)))),
+                cbar_kws={"label": "||h(k) - h(K)|| / ||h(K)||"})  # fmt: skip
+    axes[0].set_title(f"{task}: distance to the last pass")
+    axes[0].set_xlabel("position (0: where the answer is next)")
+    axes[0].set_ylabel("pass k")
+    p = pca[(pca.task == task) & (pca.example < PCA_EXAMPLES)]
+    for i, (label, g) in enumerate(p.groupby("label")):
+        colour = PALETTE[i % len(PALETTE)]
+        for _, e in g.groupby("example"):
+            axes[1].plot(e.pc1, e.pc2, "-", color=colour, lw=0.4, alpha=0.5)
+        last = g[g["pass"] == g["pass"].max()]
+        axes[1].scatter(last.pc1, last.pc2, s=8, color=colour, label=f"{label} (last pass)")
+    axes[1].set_title("read position's state, pass by pass (PCA)")
+    axes[1].set_xlabel("PC 1")
+    axes[1].set_ylabel("PC 2")
+    axes[1].legend(fontsize=7)
+    flips = df[(df.task == task) & (df.measure == "flip_rate") & (df.distractors != POOLED)].copy()
+    flips["count"] = flips.distractors.astype(int)
+    drawn["flips"] = flips.pivot_table(index="count", columns="pass", values="value")
+    for i, (k, g) in enumerate(flips.groupby("pass")):
+        g = g.sort_values("count")
+        axes[2].plot(
+            g["count"], g.value, "o-", color=PALETTE[i % len(PALETTE)], label=f"{k - 1} -> {k}"
+        )
+    axes[2].set_xscale("symlog", linthresh=1)
+    axes[2].set_xlabel("distractors")
+    axes[2].set_ylabel("share of examples whose top token changes")
+    axes[2].set_title("answer flips between passes")
+    axes[2].legend(fontsize=7, title="pass", ncols=2)
+    gates = df[(df.task == task) & (df.measure == "gate")]
+    drawn["gate"] = gates.set_index("token_class").value
+    if len(gates):
+        axes[3].bar(gates.token_class, gates.value, color=PALETTE[: len(gates)])
+        axes[3].errorbar(gates.token_class, gates.value, fmt="none", ecolor="black",
+                         yerr=[gates.value - gates.ci_low, gates.ci_high - gates.value])  # fmt: skip
+        axes[3].set_ylim(0, 1)
+        axes[3].set_ylabel("mean sigma(W_G e_t) (bars: 2.5-97.5 % of positions)")
+    axes[3].set_title("the fusion's gate by token")
+    axes[3].tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    save_figure(fig, Path(out), f"trajectory_{task}")
+    return drawn

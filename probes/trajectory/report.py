@@ -1,0 +1,52 @@
+"""The trajectory analysis in report.md and report.html: its findings and its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probes.analysis import Figure
+from probes.report.html import heatmap
+from probes.trajectory.run import headline
+
+
+def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
+    """The trajectory figure's heatmap: each pass's distance to the last, by position
+    (coloured on a log scale, bright where the state is still far from its last pass)."""
+    g = tr[(tr.task == task) & (tr.measure == "convergence")].rename(columns={"pass": "k"})
+    g = g[g.k < g.k.max()].astype({"k": int, "offset": int})  # the last pass is at distance 0
+    if g.empty:
+        return []
+    by = {(r.k, r.offset): r for r in g.itertuples(index=False)}
+    logs = np.log10(np.clip(g.value.to_numpy(dtype=float), 1e-9, None))
+
+    def cell(k, offset):
+        r = by.get((k, offset))
+        if r is None:
+            return None
+        tip = (f"{task}, pass {k}, position {offset} (0: where the answer is next)\n"
+               f"distance to the last pass {r.value:.3g}\nn = {int(r.n)} examples")  # fmt: skip
+        return float(np.log10(max(r.value, 1e-9))), tip, f"{r.value:.1g}"
+
+    return [heatmap(f"{task}: distance to the last pass, ||h(k) - h(K)|| / ||h(K)||", sorted(set(g.k)),
+                    sorted(set(g.offset)), cell, lo=float(logs.min()), hi=float(logs.max()),
+                    row_name="pass", col_name="position")]  # fmt: skip
+
+
+def section(results: Path) -> list:
+    """The trajectory's part of the report, from ``results/trajectory``: a finding per task
+    and its figure (the distance heatmap interactive, the PNG kept for its other panels)."""
+    folder = results / "trajectory"
+    if not (folder / "trajectory.csv").is_file():
+        return []
+    tr = pd.read_csv(folder / "trajectory.csv")
+    tasks = list(dict.fromkeys(tr.task))
+    parts = ["## How the states move over passes (`fbt-probe trajectory`)", ""]
+    parts += [f"- {headline(tr, t)}" for t in tasks] + [""]
+    for t in tasks:
+        png = folder / "figures" / f"trajectory_{t}.png"
+        if png.is_file():
+            parts.append(Figure(png, tuple(trajectory(tr, t)), keep_png=True))
+    return parts
