@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from bench.common import best_of, machine, table, write_json
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.common.extract import extract_features, max_batch_tokens
 from probes.heads.run import collect as heads_collect
 from probes.lens.run import answer_positions, fit_translators, measure

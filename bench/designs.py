@@ -26,8 +26,8 @@ import torch
 
 from bench.common import machine, table, write_json
 from fbt_probe.config import FBTConfig
-from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence
+from fbt_probe.stack import FBTModel
 
 B, T, ROUNDS = 16, 256, 5
 DESIGNS = ("paper", "top-to-2", "2-to-1", "replace", "additive", "none")
@@ -42,9 +42,10 @@ def model_of(target: int) -> FBTModel:
 def train_cost() -> list[dict]:
     """Seconds of forward and backward per design on the same batches (see the docstring)."""
     from fbt_probe.distributed import World
-    from fbt_probe.recipes import named_config
-    from fbt_probe.steps import draw_step
-    from fbt_probe.train import build_model, train_step
+    from fbt_probe.train.objective import train_step
+    from fbt_probe.train.recipes import named_config
+    from fbt_probe.train.start import build_model
+    from fbt_probe.train.steps import draw_step
 
     cfgs = {d: named_config(f"design-{d}") for d in DESIGNS}
     models = {d: build_model(c) for d, c in cfgs.items()}

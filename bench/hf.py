@@ -87,9 +87,10 @@ def train_rates(folder: str, steps: int = 4) -> list[dict]:
     """Seconds per step and tokens per second of the upcycle-smollm2 recipe's steps (two
     passes at a batch of 8) on ``folder``, with the fusion learning alone and with all."""
     from fbt_probe.hf import load_hf
-    from fbt_probe.recipes import named_config
-    from fbt_probe.steps import draw_step, make_batch
-    from fbt_probe.train import make_optimizer, multipass_loss, set_learning
+    from fbt_probe.train.objective import multipass_loss
+    from fbt_probe.train.recipes import named_config
+    from fbt_probe.train.start import make_optimizer, set_learning
+    from fbt_probe.train.steps import draw_step, make_batch
 
     rows = []
     for learn in ("fusion", "all"):

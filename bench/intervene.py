@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.common import best_of, machine, table, write_json
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.common.extract import extract_features
 from probes.intervene.run import run_battery
 from tasks.dataset import load

@@ -14,7 +14,7 @@ import torch
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.config import FBTConfig
 from fbt_probe.decode import generate
-from fbt_probe.model import FBTModel
+from fbt_probe.stack import FBTModel
 
 B, T = 32, 260
 
@@ -73,7 +73,7 @@ def decode_rates(model, batch: int) -> dict:
 MEM_SCRIPT = """
 import resource, sys, torch
 from fbt_probe.config import FBTConfig
-from fbt_probe.model import FBTModel
+from fbt_probe.stack import FBTModel
 torch.manual_seed(0)
 m = FBTModel(FBTConfig(), seed=0).eval()
 x = torch.randint(3, 60, (512, 260))

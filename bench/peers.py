@@ -62,11 +62,11 @@ def build_folder(shape: str, out: Path) -> Path:
     import transformers as tr
 
     from fbt_probe.hf import quiet
-    from fbt_probe.hf_tiny import word_tokenizer
+    from fbt_probe.hf.tiny import word_tokenizer
 
     quiet()
     if shape == "tiny":  # a quick check of the script itself
-        from fbt_probe.hf_tiny import model_folder
+        from fbt_probe.hf.tiny import model_folder
 
         return model_folder(out, "llama")
     tok = word_tokenizer()
@@ -138,7 +138,7 @@ def extract(tool: str, hf, model, bs) -> torch.Tensor:
             names = model.depth_hooks()
             k = 2 if tool.endswith("k2") else 1
             _, caches = model.run_with_pass_caches(toks, passes=k, names_filter=names, positions=at)
-            out.append(torch.stack([caches[-1][h] for h in names]))
+            out.append(torch.stack([caches.last[h] for h in names]))
         elif tool == "transformers":
             hs = hf(input_ids=toks, output_hidden_states=True, use_cache=False).hidden_states
             out.append(torch.stack([h[rows, at] for h in hs]))
@@ -186,7 +186,7 @@ def _fbt_patch(model, toks, twin, at, layer):
 
     name = model.depth_hooks()[layer + 1]  # the residual after ``layer``
     _, caches = model.run_with_pass_caches(twin, names_filter=name, positions=at)
-    put = only_at(lambda x, hook: caches[0][name][:, None].expand_as(x), positions=at)
+    put = only_at(lambda x, hook: caches.of_pass(1)[name][:, None].expand_as(x), positions=at)
     out = model.run_with_hooks(toks, fwd_hooks=[(name, put)])
     return out.passes[-1].logits_at(torch.arange(len(at)), at)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import best_of, machine, table, write_json
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.common.extract import extract_features
 from probes.fit.run import run_fit
 from tasks import TASK_NAMES

@@ -39,10 +39,10 @@ from pathlib import Path
 import torch
 
 from bench.common import machine, matmul_flops, table, write_json
-from fbt_probe.model import FBTModel
-from fbt_probe.recipes import named_config
-from fbt_probe.steps import make_batch, plan_of
-from fbt_probe.train import multipass_loss, warm_states
+from fbt_probe.stack import FBTModel
+from fbt_probe.train.objective import multipass_loss, warm_states
+from fbt_probe.train.recipes import named_config
+from fbt_probe.train.steps import make_batch, plan_of
 
 
 def step_flops(cfg, batch) -> float:
@@ -89,8 +89,8 @@ def representative_steps(cfg, model, opt) -> dict:
     import time
 
     from fbt_probe.distributed import World
-    from fbt_probe.steps import draw_step, step_parts
-    from fbt_probe.train import train_step
+    from fbt_probe.train.objective import train_step
+    from fbt_probe.train.steps import draw_step, step_parts
 
     stream = cfg.stream()
     picks = [int(i * cfg.steps / SAMPLE_STEPS) for i in range(SAMPLE_STEPS)]
@@ -220,8 +220,8 @@ def warm_up_share(cfg, model) -> dict:
     import time
 
     from fbt_probe.distributed import World
-    from fbt_probe.steps import draw_step, example_lengths, fixed_point_draw, step_parts
-    from fbt_probe.train import train_step
+    from fbt_probe.train.objective import train_step
+    from fbt_probe.train.steps import draw_step, example_lengths, fixed_point_draw, step_parts
 
     stream = cfg.stream()  # which steps are fixed-point ones, without drawing their examples
     fp = [s for s in range(cfg.steps) if fixed_point_draw(cfg, s, plan_of(cfg, s).fixed_point)]
@@ -266,7 +266,7 @@ def run_bound(cfg, ceiling: dict, warm: dict) -> dict:
 
 
 def _train_part(world, out: str) -> None:
-    from fbt_probe.train import train
+    from fbt_probe.train.loop import train
 
     train(named_config("default"), out, stop_after=DIST_STEPS, world=world)
 
@@ -277,7 +277,7 @@ def distributed_throughput() -> list[dict]:
     import tempfile
 
     from fbt_probe.distributed import spawn_local
-    from fbt_probe.train import train
+    from fbt_probe.train.loop import train
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 from fbt_probe.prefill import DecodeMode, decode_mode
 
 
@@ -54,7 +54,7 @@ def generate(
         e = model.embed(tok[:, None])
         carry = h if mode.soft else None  # fused with the previous step's state
         out = model.feedback_pass(
-            e, carry=carry, offset=T + i, cache=cache, pass_index=None, step=T + i
+            e, carry=carry, offset=T + i, cache=cache, pass_number=None, step=T + i
         )
         h = out.states
         tok = _pick(out.logits[:, -1], temperature, gen)

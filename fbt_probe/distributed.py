@@ -109,7 +109,7 @@ def spawn_local(fn, size: int, *args, threads: int = 0) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    multiprocessing.set_forkserver_preload(["fbt_probe.train"])
+    multiprocessing.set_forkserver_preload(["fbt_probe.train.loop"])
     mp.start_processes(_entry, args=(fn, size, port, threads, args), nprocs=size, join=True,
                        start_method="forkserver")  # fmt: skip
 

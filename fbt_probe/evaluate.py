@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fbt_probe.decode import generate_ragged
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 from fbt_probe.prefill import MODES, decode_mode
 from tasks import TASK_NAMES, get_task, vocab
 from tasks.base import DEFAULT_DISTRACTORS, POOLED
@@ -110,7 +110,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
     Returns (model name, summary, per_register, {skipped task: why})."""
     from fbt_probe.device import resolve_device
     from fbt_probe.hf import require_tokenizer
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from tasks import task_names
     from tasks.generate import check_memory
 

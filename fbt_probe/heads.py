@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 
 
 def pattern_hooks(model: FeedbackModel) -> list[str]:
@@ -39,7 +39,7 @@ def pattern_hooks(model: FeedbackModel) -> list[str]:
 def read_patterns(model: FeedbackModel, tokens: torch.Tensor, passes: int, read) -> None:
     """A ``passes``-pass forward of ``tokens`` with ``read(pattern, pass, layer)`` called on
     every layer's pattern (batch, head, query_pos, key_pos) in every pass."""
-    hooks = [(name, functools.partial(lambda x, hook, layer: read(x, hook.ctx["pass"], layer),
+    hooks = [(name, functools.partial(lambda x, hook, layer: read(x, hook.ctx["pass_number"] - 1, layer),
                                       layer=i))
              for i, name in enumerate(pattern_hooks(model))]  # fmt: skip
     with model.hooks(fwd_hooks=hooks):

@@ -2,15 +2,16 @@
 recurrence steps and positions.
 
 Every forward of a ``FeedbackModel`` (Jacobi passes, the sequential recurrence, decoding) fills
-``hook.ctx`` before each pass: ``"pass"`` (0 = pass 1, None outside Jacobi passes),
-``"step"`` (the position the recurrence or the decoder computes, None in Jacobi passes) and
-``"offset"`` (the first position of the tensor the hook sees). ``at`` reads them::
+``hook.ctx`` before each pass: ``"pass_number"`` (counted from 1, as everywhere in
+fbt-probe; None outside Jacobi passes), ``"step"`` (the position the recurrence or the
+decoder computes, None in Jacobi passes) and ``"first_position"`` (the absolute position of
+the tensor's first entry). ``at`` reads them::
 
     def patch(x, hook):
         return x_twin  # (batch, pos, d_model)
 
     model.run_with_hooks(tokens, passes=2,
-                         fwd_hooks=[("fusion.hook_state", at(patch, passes=[1], positions=[7]))])
+                         fwd_hooks=[("fusion.hook_state", at(patch, on_pass=2, positions=[7]))])
 
 patches the fed-back state of pass 2 at position 7 only; pass 1 and every other position see
 what they would have seen. Hooks are added by TransformerLens's ``run_with_hooks`` or
@@ -25,6 +26,29 @@ import torch
 
 from fbt_probe.positions import put, select_positions, take
 
+# keys of hook.ctx that are gone, with what replaced them
+GONE = {"pass": "hook.ctx['pass_number'] (counted from 1: pass 1 is 1)",
+        "offset": "hook.ctx['first_position']"}  # fmt: skip
+
+
+class HookContext(dict):
+    """``hook.ctx`` and ``model.context``: ``pass_number`` (1 = pass 1; None outside Jacobi
+    passes), ``step`` (the position the recurrence or the decoder computes; None in Jacobi
+    passes) and ``first_position`` (the absolute position of the tensor's first entry). A key
+    of the old vocabulary is refused in one line naming its replacement."""
+
+    def __getitem__(self, key):
+        if key in GONE and not super().__contains__(key):
+            raise KeyError(f"hook.ctx[{key!r}] is gone: read {GONE[key]}")
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in GONE else super().get(key, default)
+
+
+def context(pass_number: int | None, step: int | None, first_position: int) -> HookContext:
+    return HookContext(pass_number=pass_number, step=step, first_position=first_position)
+
 
 def _as_set(x) -> set | None:
     if x is None:
@@ -36,19 +60,27 @@ def _as_set(x) -> set | None:
 
 def at(
     fn: Callable,
-    passes: Iterable[int | None] | int | None = None,
+    *legacy,
+    on_pass: Iterable[int | None] | int | None = None,
     steps: Iterable[int] | int | None = None,
     positions=None,
+    passes=None,
 ) -> Callable:
-    """``fn(tensor, hook)`` applied only in ``passes`` (0 = pass 1) and recurrence ``steps``,
-    and only at absolute ``positions``: an int or a list (the same for every example), or a
-    (batch,) / (batch, n) tensor of positions per example. Elsewhere the tensor is unchanged.
-    ``fn`` may return a new tensor (a patch) or None (it only reads)."""
-    want_pass, want_step = _as_set(passes), _as_set(steps)
+    """``fn(tensor, hook)`` applied only on the passes ``on_pass`` names (counted from 1: pass
+    1 is the plain forward) and at recurrence ``steps``, and only at absolute ``positions``:
+    an int or a list (the same for every example), or a (batch,) / (batch, n) tensor of
+    positions per example. Elsewhere the tensor is unchanged. ``fn`` may return a new tensor
+    (a patch) or None (it only reads). ``passes=``, which counted from 0, is refused."""
+    if passes is not None or legacy:
+        old = passes if passes is not None else legacy[0]
+        new = sorted(p + 1 for p in _as_set(old) if p is not None) if old is not None else None
+        raise TypeError(f"at(passes=...) counted passes from 0 and is gone: use "
+                        f"at(fn, on_pass={new}) (counted from 1)")  # fmt: skip
+    want_pass, want_step = _as_set(on_pass), _as_set(steps)
 
     def hook(tensor: torch.Tensor, hook):
         ctx = hook.ctx
-        if want_pass is not None and ctx.get("pass") not in want_pass:
+        if want_pass is not None and ctx.get("pass_number") not in want_pass:
             return None
         if want_step is not None and ctx.get("step") not in want_step:
             return None

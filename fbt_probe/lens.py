@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 
 RIDGE = 1e-3  # relative to the mean diagonal of X^T X: keeps a near-singular depth solvable
 TRANSLATORS, INDEX = "translators.safetensors", "tuned_lens.json"
@@ -49,7 +49,7 @@ class Translators:
     def save(self, folder: str | Path) -> Path:
         from safetensors.torch import save_file
 
-        from tasks.files import atomic_write
+        from tasks.safe_files import atomic_write
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)

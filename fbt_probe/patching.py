@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FeedbackModel, PassOutput, cat_positions
+from fbt_probe.feedback import FeedbackModel, PassOutput, cat_positions
 from fbt_probe.positions import pos_dim, put, select_positions, take
 from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import recurrence_steps
@@ -82,7 +82,7 @@ def clean_run(
     prefill = parse_prefill(prefill)
     B, T = tokens.shape
     cache = model.new_cache(B, T, device=tokens.device) if keep_cache else None
-    model.set_context(0, None, 0)
+    model.set_context(1, None, 0)
     emb = model.embed(tokens)
     plain = model.plain_mask(B, T, None, tokens.device)
     resid = None
@@ -93,8 +93,8 @@ def clean_run(
         last = (prefill.passes or 1) - 1
 
         def keep(x, hook, layer):
-            if hook.ctx.get("pass") in (None, last):
-                off = int(hook.ctx.get("offset", 0))
+            if hook.ctx.get("pass_number") in (None, last + 1):
+                off = int(hook.ctx.get("first_position", 0))
                 resid[layer, :, off : off + x.shape[1]] = x
 
         hooks = [(f"blocks.{i}.hook_resid_pre", functools.partial(keep, layer=i))
@@ -156,7 +156,7 @@ def patched_output(
             prev = trace.prev
             if prev is None:  # a plain pass (standard prefill)
                 out = model.feedback_pass(
-                    emb[:, start:], offset=start, cache=cache, pass_index=trace.passes - 1
+                    emb[:, start:], offset=start, cache=cache, pass_number=trace.passes
                 )
             else:
                 out = model.feedback_pass(
@@ -166,7 +166,7 @@ def patched_output(
                     plain=trace.plain[:, start:],
                     offset=start,
                     cache=cache,
-                    pass_index=trace.passes - 1,
+                    pass_number=trace.passes,
                 )
             return out
     finally:  # the next patched run reads the clean keys and values again
@@ -177,7 +177,7 @@ def _from_layer(model: FeedbackModel, trace: Trace, start: int, layer: int) -> P
     """The blocks from ``layer`` up, on the clean inputs of that block, from ``start`` on."""
     x = trace.resid[layer]
     if trace.passes is not None:
-        model.set_context(trace.passes - 1, None, start)
+        model.set_context(trace.passes, None, start)
         return model.stack(x[:, start:], start, trace.cache, from_layer=layer)
     outs = []
     for t in range(start, x.shape[1]):
@@ -195,7 +195,7 @@ def replace_where(
     ``select_positions``, so it works on whole passes and on single recurrence steps alike."""
 
     def hook(x: torch.Tensor, hook):
-        off, n = int(hook.ctx.get("offset", 0)), x.shape[pos_dim(hook)]
+        off, n = int(hook.ctx.get("first_position", 0)), x.shape[pos_dim(hook)]
         if mask.shape[1] < off + n:
             return None
         b, at, src = select_positions(x, hook, mask)

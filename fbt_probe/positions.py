@@ -1,7 +1,7 @@
 """Positions inside a hook: which entries of the tensor a hook sees are the positions asked for.
 
 A hook sees the positions [offset, offset + n) of its tensor's position axis, ``offset``
-being ``hook.ctx["offset"]`` (0 in a Jacobi pass, t in step t of the recurrence or of
+being ``hook.ctx["first_position"]`` (0 in a Jacobi pass, t in step t of the recurrence or of
 decoding). The axis is the HookPoint's own ``pos_dim`` (1 unless the HookPoint says otherwise:
 an attention pattern, (batch, head, query_pos, key_pos), says 2). ``select_positions`` is the
 one place that maps absolute positions onto a hook's tensor; ``fbt_probe.hooks.at``,
@@ -29,7 +29,7 @@ def select_positions(tensor: torch.Tensor, hook, positions) -> tuple[torch.Tenso
     position in ``positions`` (for a mask, the absolute position itself) and its index along
     the tensor's position axis. Positions the tensor does not hold are left out."""
     B, T = tensor.shape[0], tensor.shape[pos_dim(hook)]
-    offset = int(hook.ctx.get("offset", 0))
+    offset = int(hook.ctx.get("first_position", 0))
     pos = torch.as_tensor(positions, device=tensor.device)
     if pos.dtype == torch.bool:  # (batch or 1, length): one row is every example's
         window = pos[:, offset : offset + T].expand(B, -1)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FeedbackModel, PassOutput
+from fbt_probe.feedback import FeedbackModel, PassOutput
 from fbt_probe.recurrence import run_recurrence
 
 # as stability's --passes: far beyond where the Jacobi map has converged or diverged
@@ -65,14 +65,14 @@ class Prefill:
         if self.passes is None:
             return PrefillRun(run_recurrence(model, tokens, cache=cache), None)
         B, T = tokens.shape
-        model.set_context(0, None, 0)
+        model.set_context(1, None, 0)
         emb = model.embed(tokens)
         plain = model.plain_mask(B, T, None, tokens.device)
         prev = None
         for k in range(self.passes - 1):
-            prev = model.feedback_pass(emb, prev, plain=plain, pass_index=k).states
+            prev = model.feedback_pass(emb, prev, plain=plain, pass_number=k + 1).states
         last = model.feedback_pass(emb, prev, plain=plain, cache=cache,
-                                   pass_index=self.passes - 1)  # fmt: skip
+                                   pass_number=self.passes)  # fmt: skip
         return PrefillRun(last, prev)
 
 

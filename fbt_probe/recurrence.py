@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformer_lens import ActivationCache
 
-from fbt_probe.model import FeedbackModel, PassOutput, PositionCapture, cat_positions
+from fbt_probe.caches import PositionCapture
+from fbt_probe.feedback import FeedbackModel, PassOutput, cat_positions
 
 
 def run_recurrence(
@@ -59,7 +60,7 @@ def recurrence_steps(
             plain=plain[:, t : t + 1],
             offset=t,
             cache=cache,
-            pass_index=None,
+            pass_number=None,
             step=t,
             from_layer=below,
         )
@@ -88,4 +89,4 @@ def run_recurrence_with_cache(
     cap = PositionCapture(model, names_filter, positions, 1, by_pass=False)
     with model.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
         out = run_recurrence(model, tokens, prefix_len=prefix_len)
-    return out, cap.caches()[0]
+    return out, cap.caches().last

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.decode import generate
-from fbt_probe.model import FBTModel, FeedbackModel, check_context
+from fbt_probe.feedback import FeedbackModel, check_context
+from fbt_probe.stack import FBTModel
 
 
 @dataclass
@@ -36,7 +37,7 @@ def heldout_batch(
     """Held-out examples of ``tasks``, encoded with ``encoding`` (a model's tokenizer) or
     the word vocabulary."""
     from fbt_probe.evaluate import heldout_examples
-    from fbt_probe.steps import make_batch
+    from fbt_probe.train.steps import make_batch
 
     exs = [ex for t in tasks for ex in heldout_examples(t, n_groups, distractors)]
     b = make_batch(exs, encoding=encoding)
@@ -48,7 +49,7 @@ def _feedback_step(
     model: FeedbackModel, states: torch.Tensor, emb: torch.Tensor, plain: torch.Tensor
 ):
     """One pass: previous top states (batch, pos, d_model) -> this pass's output."""
-    return model.feedback_pass(emb, states, plain=plain, pass_index=None)
+    return model.feedback_pass(emb, states, plain=plain, pass_number=None)
 
 
 def float64_copy(model: FeedbackModel) -> FeedbackModel:
@@ -112,7 +113,7 @@ def jacobi_trajectory(
         raise ValueError("passes must be >= 1")
     model.eval()
     B, T = batch.tokens.shape
-    model.set_context(0, None, 0)
+    model.set_context(1, None, 0)
     emb = model.embed(batch.tokens)
     plain = model.plain_mask(B, T, None, batch.tokens.device)
     valid = batch.valid
@@ -127,7 +128,7 @@ def jacobi_trajectory(
             if progress is not None:
                 progress(k, passes, f"pass {k} (fixed point)")
             continue
-        out = model.feedback_pass(emb, prev, plain=plain, pass_index=k - 1)
+        out = model.feedback_pass(emb, prev, plain=plain, pass_number=k)
         h = out.states * valid[..., None]
         ce = F.cross_entropy(
             out.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"

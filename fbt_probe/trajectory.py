@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 
 
 @dataclass

@@ -23,6 +23,41 @@ from probes.analysis import (
     get_analysis,
     register_analysis,
 )
+from tasks import moved
+
+# modules of the flat layout, each now in its analysis's folder
+moved.install(
+    {
+        "probes.artifacts": "probes.fit.artifacts",
+        "probes.erasers": "probes.intervene.erasers",
+        "probes.extract": "probes.common.extract",
+        "probes.fit": "probes.fit.cv",
+        "probes.heads_plot": "probes.heads.plot",
+        "probes.heads_run": "probes.heads.run",
+        "probes.html": "probes.report.html",
+        "probes.intervene": "probes.intervene.run",
+        "probes.intervene_plot": "probes.intervene.plot",
+        "probes.interventions": "probes.intervene.registry",
+        "probes.lens_plot": "probes.lens.plot",
+        "probes.lens_run": "probes.lens.run",
+        "probes.patch_plot": "probes.patch.plot",
+        "probes.patch_run": "probes.patch.run",
+        "probes.plot": "probes.fit.plot",
+        "probes.probe": "probes.fit.probe",
+        "probes.report": "probes.report.markdown",
+        "probes.report_html": "probes.report.page",
+        "probes.reproduce": "probes.report.reproduce",
+        "probes.results": "probes.fit.results",
+        "probes.run": "probes.fit.run",
+        "probes.seeds": "probes.seeds.study",
+        "probes.stability_plot": "probes.stability.plot",
+        "probes.stability_run": "probes.stability.run",
+        "probes.trajectory_plot": "probes.trajectory.plot",
+        "probes.trajectory_run": "probes.trajectory.run",
+        "probes.twins": "probes.common.twins",
+        "probes.view": "probes.report.view",
+    }
+)
 
 # the built-in analyses, in the order reproduce runs them and the report shows them
 BUILTIN = ("fit", "intervene", "lens", "trajectory", "patch", "heads", "stability")
@@ -39,10 +74,7 @@ _LAZY = {
     "load_probes": "probes.fit.artifacts",
     "write_report": "probes.report.markdown",
     "option": "probes.common.options",
-    **{
-        f"{name.title()}Options": f"probes.{name}.options"
-        for name in BUILTIN
-    },
+    **{f"{name.title()}Options": f"probes.{name}.options" for name in BUILTIN},
 }
 RUNNERS = {f"run_{name}": name for name in ANALYSES}
 

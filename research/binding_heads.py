@@ -20,7 +20,7 @@ import torch
 
 from fbt_probe.evaluate import heldout_examples
 from fbt_probe.heads import pair_weights
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from tasks import vocab
 
 

@@ -33,8 +33,8 @@ MODES = ("standard", "soft", "fused", "full")
 
 def interchange(run: Path) -> dict:
     """Flip rates of the two interchanges on each task under recurrent prefill."""
+    from fbt_probe.loading import resolve_model
     from fbt_probe.patching import STATE_HOOK
-    from fbt_probe.registry import resolve_model
     from probes.intervene.registry import TOKEN_SITE
     from probes.intervene.run import run_intervene
 

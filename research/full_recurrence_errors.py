@@ -20,7 +20,7 @@ import torch
 
 from fbt_probe.decode import generate_ragged
 from fbt_probe.evaluate import heldout_examples
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from tasks import vocab
 
 SHOW_PASSES = (1, 2, 3, 4, 6, 8, 12, 16, 30)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from fbt_probe.recipes import load_recipe
+from fbt_probe.train.recipes import load_recipe
 
 # values of the wrong kind or range for a setting of each type
 BAD = {
@@ -174,7 +174,7 @@ def check(argv: list[str], needle: str, root: Path) -> str | None:
 def setup(root: Path) -> None:
     from fbt_probe.checkpoint import save_model
     from fbt_probe.config import build_cfg
-    from fbt_probe.model import FBTModel
+    from fbt_probe.stack import FBTModel
     from tasks.generate import generate_dataset
 
     save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), root / "m")

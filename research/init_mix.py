@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 from fbt_probe.checkpoint import save_model
-from fbt_probe.model import FBTModel
-from fbt_probe.recipes import load_recipe
+from fbt_probe.stack import FBTModel
+from fbt_probe.train.recipes import load_recipe
 from tasks import vocab
 
 GROUPS = {

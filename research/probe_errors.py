@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
-from fbt_probe.registry import resolve_model
 from probes.common.extract import RESID, extract_features
 from probes.fit.cv import N_FOLDS, cross_validate, grouped_splits
 from probes.fit.probe import probe_class

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fbt_probe.hf_tiny import FAMILIES, bpe_tokenizer, model_folder, word_tokenizer
+from fbt_probe.hf.tiny import FAMILIES, bpe_tokenizer, model_folder, word_tokenizer
 
 
 def main() -> None:

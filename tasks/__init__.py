@@ -20,8 +20,12 @@ a new task is one module that registers itself.
 
 from __future__ import annotations
 
-from tasks import vocab
+import importlib
+
+from tasks import moved
 from tasks.registry import Registry
+
+moved.install({"tasks.files": "tasks.safe_files"})
 
 TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
 
@@ -49,6 +53,8 @@ def register_task(task, *, replace: bool = False):
             raise ValueError(f"task {name!r} lacks {attr}")
     if name in TASKS and not replace:
         TASKS.add(name, task)  # refused, in the registries' own words
+    from tasks import vocab  # here, not above: the CLI imports this package to list its verbs
+
     vocab.extend(getattr(task, "TOKENS", ()))
     return TASKS.add(name, task, replace=replace)
 
@@ -73,3 +79,19 @@ def target_names(task: str, params: dict | None = None) -> tuple[str, ...]:
 def stratum(task: str) -> str | None:
     """The name of the task's own per-target stratum, or None."""
     return getattr(get_task(task), "STRATUM", None)
+
+
+# the rest of the surface, imported on first use (the CLI imports this package to list its verbs)
+_LAZY = {"vocab": "tasks.vocab", "Example": "tasks.base:Example", "POOLED": "tasks.base:POOLED",
+         "generate_dataset": "tasks.generate:generate_dataset", "load_dataset": "tasks.dataset:load",
+         "Dataset": "tasks.dataset:Dataset", "Registry": "tasks.registry:Registry"}  # fmt: skip
+__all__ = ["TASKS", "TASK_NAMES", "register_task", "get_task", "task_names", "target_names",
+           "stratum", *_LAZY]  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+    module, _, attr = _LAZY[name].partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attr) if attr else found

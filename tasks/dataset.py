@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from tasks import vocab
 from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 SCHEMA_VERSION = "1"
 META_KEY = b"fbt_probe"

@@ -15,7 +15,7 @@ from tasks.base import (
     generate_twins,
 )
 from tasks.dataset import build_meta, content_hash, to_table, write_table
-from tasks.files import check_output_file, claim
+from tasks.safe_files import check_output_file, claim
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234

@@ -81,9 +81,14 @@ def test_one_registration_makes_a_verb_with_its_options_help(toy, tmp_path):
     helped = runner.invoke(cli.app, ["count", "--help"])
     assert helped.exit_code == 0
     assert "The task whose prompts are counted." in helped.output
-    assert "--groups" in helped.output and "Example: fbt-probe count --task done_tracking" in helped.output
+    assert (
+        "--groups" in helped.output
+        and "Example: fbt-probe count --task done_tracking" in helped.output
+    )
     out = tmp_path / "res" / "count"
-    done = runner.invoke(cli.app, ["count", "--task", "done_tracking", "--groups", "4", "--out", str(out)])
+    done = runner.invoke(
+        cli.app, ["count", "--task", "done_tracking", "--groups", "4", "--out", str(out)]
+    )
     assert done.exit_code == 0, done.output
     assert "done_tracking: 8 prompts" in done.output
     table = pd.read_csv(out / "count.csv")

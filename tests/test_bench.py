@@ -7,8 +7,8 @@ import pytest
 @pytest.mark.parametrize(("passes", "warm"), [(1, 0), (3, 0), (2, 1)])
 def test_shape_ceiling_counts_the_flops_useful_flops_counts_on_unpadded_rows(passes, warm):
     from bench.train import shape_ceiling, useful_flops
-    from fbt_probe.recipes import named_config
-    from fbt_probe.steps import plan_of
+    from fbt_probe.train.recipes import named_config
+    from fbt_probe.train.steps import plan_of
 
     cfg = named_config("tiny")
     examples = cfg.stream().batch(0, 16, plan_of(cfg, 0).tasks, 8)

@@ -16,9 +16,9 @@ pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
 from cli import app  # noqa: E402
-from fbt_probe.convert import SOURCE, file_sha256, folder_weights_digest, packaged_gguf  # noqa: E402
 from fbt_probe.hf import load_hf  # noqa: E402
-from fbt_probe.hf_tiny import write_tiny_gguf  # noqa: E402
+from fbt_probe.hf.convert import SOURCE, file_sha256, folder_weights_digest, packaged_gguf  # noqa: E402
+from fbt_probe.hf.tiny import write_tiny_gguf  # noqa: E402
 
 
 def cli(*args):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from fbt_probe.evaluate import evaluate
-from fbt_probe.recipes import named_config
-from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
-from fbt_probe.train_config import TrainConfig
+from fbt_probe.loading import DEFAULT_MODEL_DIR, resolve_model
+from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.recipes import named_config
 from probes.common.extract import extract_features
 from probes.fit.cv import cross_validate, grouped_splits
 from tasks.dataset import load

@@ -12,8 +12,8 @@ import torch
 from fbt_probe.checkpoint import model_hash
 from fbt_probe.config import TOP, build_cfg
 from fbt_probe.decode import generate
-from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence
+from fbt_probe.stack import FBTModel
 
 T = 10
 
@@ -28,7 +28,7 @@ def tokens(batch: int = 3) -> torch.Tensor:
 
 
 def test_the_papers_design_is_the_default_and_its_config_hash_is_unchanged():
-    from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
+    from fbt_probe.loading import DEFAULT_MODEL_DIR, resolve_model
 
     m, _ = resolve_model("default")
     assert m.cfg.feedback_source == TOP and m.cfg.feedback_target == 0
@@ -89,7 +89,7 @@ def test_a_source_blocks_output_is_what_is_fed_back():
     seen = {}
 
     def keep(t, hook):
-        seen[hook.ctx["pass"]] = t.detach().clone()
+        seen[hook.ctx["pass_number"] - 1] = t.detach().clone()
 
     with torch.no_grad():
         out = m.run_with_hooks(x, passes=2, fwd_hooks=[("blocks.1.hook_resid_post", keep)])
@@ -133,7 +133,7 @@ def test_replace_feeds_the_state_instead_of_the_token():
     got = {}
     with torch.no_grad():
         m.run_with_hooks(x, passes=2, fwd_hooks=[("blocks.0.hook_resid_pre",
-                                                 lambda t, hook: got.setdefault(hook.ctx["pass"], t))])  # fmt: skip
+                                                 lambda t, hook: got.setdefault(hook.ctx["pass_number"] - 1, t))])  # fmt: skip
         h1 = m(x, passes=1).states
         want = m.fusion.norm(h1[:, :-1] @ m.fusion.W_U.T)
     assert torch.equal(got[1][:, 0], m.embed(x)[:, 0])  # no state before the first position
@@ -165,7 +165,8 @@ STATE_KINDS = ("interchange_state", "zero_state", "mean_state", "resample_state"
 
 @pytest.mark.parametrize("target", [0, 1, 3])
 def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, target):
-    from probes.intervene.run import run_battery, summarise
+    from probes.intervene.metrics import summarise
+    from probes.intervene.run import run_battery
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
@@ -184,7 +185,8 @@ def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, ta
 
 
 def test_the_battery_runs_on_a_design_that_feeds_a_middle_block(tmp_path):
-    from probes.intervene.run import run_battery, summarise
+    from probes.intervene.metrics import summarise
+    from probes.intervene.run import run_battery
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
@@ -201,8 +203,8 @@ def test_training_a_design_and_refusing_it_on_a_hugging_face_model(tmp_path):
     from typer.testing import CliRunner
 
     from cli import app
-    from fbt_probe.hf_tiny import model_folder
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.hf.tiny import model_folder
+    from fbt_probe.loading import resolve_model
 
     args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "model.feedback_target=1",
             "--set", "model.fusion=replace"]  # fmt: skip

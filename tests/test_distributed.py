@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from fbt_probe.distributed import spawn_local
-from fbt_probe.recipes import load_recipe
-from fbt_probe.train import train
+from fbt_probe.train.loop import train
+from fbt_probe.train.recipes import load_recipe
 
 STEPS = 20
 
@@ -26,7 +26,7 @@ def _cfg(**extra):
 
 
 def _train(world, cfg_dict: dict, out: str, resume: bool, stop_after) -> None:
-    from fbt_probe.train_config import TrainConfig
+    from fbt_probe.train.config import TrainConfig
 
     train(TrainConfig.from_dict(cfg_dict), out, world=world, resume=resume, stop_after=stop_after)
 
@@ -89,7 +89,7 @@ def test_a_batch_too_small_for_the_parts_is_refused(tmp_path):
 
 
 def _extract(world, data: str, prefill: str, out: str) -> None:
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.extract import extract_features
     from tasks.dataset import load
 
@@ -100,7 +100,7 @@ def _extract(world, data: str, prefill: str, out: str) -> None:
 
 @pytest.mark.parametrize("prefill", ["recurrent", "full"])
 def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.extract import extract_features
     from tasks.dataset import load
     from tasks.generate import generate_dataset

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
-from fbt_probe.model import FBTModel
+from fbt_probe.stack import FBTModel
 from tasks.generate import generate_dataset
 
 
@@ -436,7 +436,7 @@ def test_a_failed_figure_write_leaves_nothing(tmp_path, monkeypatch):
 
 # ---- training configuration: checked field by field, before the run folder is made -------
 def test_the_cli_error_boundary(tmp_path, monkeypatch):
-    import fbt_probe.train as T
+    import fbt_probe.train.loop as T
 
     def broken(*a, **k):
         raise ZeroDivisionError("division by zero")
@@ -557,7 +557,7 @@ def test_fit_checks_folds_and_sites_before_it_makes_the_results_folder(tmp_path,
 # ---- Hugging Face model folders ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
 
@@ -671,13 +671,13 @@ def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(hf
 
 
 def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
-    import tasks.files
+    import tasks.safe_files
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied")
 
     # as root a folder's mode does not stop a write: the creation of the temp file is denied
-    monkeypatch.setattr(tasks.files, "_create_file", denied)
+    monkeypatch.setattr(tasks.safe_files, "_create_file", denied)
     out = tmp_path / "d.parquet"
     r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
                                  "--out", str(out)])  # fmt: skip
@@ -687,7 +687,7 @@ def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
 
 # ---- signals ------------------------------------------------------------------------------
 def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch):
-    import tasks.files as D
+    import tasks.safe_files as D
 
     real = D._create_file
 
@@ -705,7 +705,7 @@ def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkey
 
 
 def test_a_ctrl_c_between_a_folders_two_replaces_puts_the_old_one_back(tmp_path, monkeypatch):
-    import tasks.files as D
+    import tasks.safe_files as D
 
     out = tmp_path / "model"
     out.mkdir()
@@ -793,7 +793,7 @@ def test_a_seed_study_refuses_a_folder_it_cannot_trust(finished_seeds, tmp_path,
 
 
 # ---- one writer per output --------------------------------------------------------------------
-HOLD = ("import sys\nfrom tasks.files import claim\nwith claim(sys.argv[1]):\n"
+HOLD = ("import sys\nfrom tasks.safe_files import claim\nwith claim(sys.argv[1]):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n")  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -947,7 +947,7 @@ def test_a_tokenizer_without_a_colon_token_is_refused_before_anything_is_written
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
     from tasks import vocab
 
     words = ["<unk>", *(t for t in vocab.TOKENS if t != vocab.COLON)]

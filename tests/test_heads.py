@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.fit.cv import GroupBootstrap
 from tasks.generate import generate_dataset
 
@@ -31,7 +31,7 @@ def default_model():
 def hf_models(tmp_path_factory):
     pytest.importorskip("transformers")
     from fbt_probe.hf import load_hf
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     root = tmp_path_factory.mktemp("hf")
     return {f: load_hf(model_folder(root / f, f)) for f in FAMILIES}
@@ -115,7 +115,7 @@ def test_hugging_face_head_hooks_are_the_models_own_tensors(hf_models, family):
     toks = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(1))
     names = [f"blocks.1.attn.hook_{n}" for n in ("q", "k", "v", "z", "pattern")]
     _, caches = model.run_with_pass_caches(toks, passes=1, names_filter=names)
-    c = caches[0]
+    c = caches.of_pass(1)
     B, T, dh = 2, 9, model.cfg.d_model // model.n_heads
     attn, src, out = LAYOUT[family]
     z = _raw(f"{attn}.{out}", model, toks, pre=True)
@@ -162,7 +162,7 @@ def test_a_hugging_face_pattern_in_pass_2_is_the_models_own_on_the_fused_input(h
         own = model.hf(inputs_embeds=fused, position_ids=pos, output_attentions=True).attentions[1]
     finally:
         model.hf.config._attn_implementation = "sdpa"
-    torch.testing.assert_close(caches[1]["blocks.1.attn.hook_pattern"], own, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(caches.of_pass(2)["blocks.1.attn.hook_pattern"], own, atol=1e-6, rtol=1e-5)
 
 
 @torch.no_grad()
@@ -180,7 +180,7 @@ def test_a_hugging_face_pattern_is_read_only(hf_models):
 @pytest.fixture(scope="module")
 def hf_dm(tmp_path_factory):
     pytest.importorskip("transformers")
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     root = tmp_path_factory.mktemp("hfdm")
     folder = model_folder(root / "llama", "llama")
@@ -195,8 +195,7 @@ def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_f
     from fbt_probe.hf import load_hf
     from fbt_probe.patching import clean_run, patched_output
     from fbt_probe.prefill import parse_prefill
-    from probes.common.twins import batches, pairs_of
-    from probes.intervene.run import _answer_logits
+    from probes.common.twins import answer_logits, batches, pairs_of
     from probes.patch.run import head_hook, twin_acts
     from tasks.dataset import load
 
@@ -210,7 +209,7 @@ def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_f
     start = int(b.label_pos.min())
     heads = [("blocks.1.attn.hook_z", head_hook(h, after, acts["blocks.1.attn.hook_z"]))
              for h in range(model.n_heads)]  # fmt: skip
-    a = _answer_logits(patched_output(model, b.clean, start, heads), b, start)
+    a = answer_logits(patched_output(model, b.clean, start, heads), b, start)
     # the reference: the twin's input of o_proj put in by a plain PyTorch hook
     twin_in = acts["blocks.1.attn.hook_z"].flatten(2)
     proj = model.hf.model.layers[1].self_attn.o_proj
@@ -223,11 +222,11 @@ def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_f
 
     h = proj.register_forward_pre_hook(swap)
     try:
-        ref = _answer_logits(patched_output(model, b.clean, start), b, start)
+        ref = answer_logits(patched_output(model, b.clean, start), b, start)
     finally:
         h.remove()
     torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
-    assert float((a - _answer_logits(b.clean.out, b, 0)).abs().max()) > 1e-4
+    assert float((a - answer_logits(b.clean.out, b, 0)).abs().max()) > 1e-4
 
 
 def test_heads_command_on_the_default_model(tmp_path):

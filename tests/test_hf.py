@@ -11,10 +11,10 @@ import torch
 
 from fbt_probe.decode import generate
 from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
-from fbt_probe.hf_tiny import VOCAB, tiny_hf
+from fbt_probe.hf.tiny import VOCAB, tiny_hf
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
-from fbt_probe.registry import resolve_model
 
 transformers = pytest.importorskip("transformers")
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -113,10 +113,10 @@ def test_per_pass_caches_do_not_overwrite_each_other(model):
     names = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post",
              "ln_final.hook_normalized", "fusion.hook_fused"]  # fmt: skip
     out, caches = model.run_with_pass_caches(t, passes=3, names_filter=names)
-    assert len(caches) == 3 and "fusion.hook_fused" not in caches[0]
+    assert len(caches) == 3 and "fusion.hook_fused" not in caches.of_pass(1)
     for k in range(3):
-        torch.testing.assert_close(caches[k]["ln_final.hook_normalized"], out.passes[k].states)
-        assert caches[k]["blocks.1.hook_resid_post"].shape == (2, 9, 32)
+        torch.testing.assert_close(caches.of_pass(k + 1)["ln_final.hook_normalized"], out.passes[k].states)
+        assert caches.of_pass(k + 1)["blocks.1.hook_resid_post"].shape == (2, 9, 32)
     pre = [c["blocks.0.hook_resid_pre"] for c in caches]
     torch.testing.assert_close(pre[1][:, 0], pre[0][:, 0])  # position 0 stays plain
     assert (pre[1][:, 1:] - pre[0][:, 1:]).abs().amin(-1).min() > 0  # every later one is fused

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.hf_tiny import bpe_tokenizer, model_folder, word_tokenizer
+from fbt_probe.hf.tiny import bpe_tokenizer, model_folder, word_tokenizer
 from tasks import get_task
 from tasks.dataset import load
 from tasks.encoding import TokenizerEncoding
@@ -141,14 +141,14 @@ def _multipass_loss(folder, passes=2):
     import torch
 
     from fbt_probe.hf import load_hf
-    from fbt_probe.recipes import named_config
     from fbt_probe.stability import heldout_batch
-    from fbt_probe.train import multipass_loss
+    from fbt_probe.train.objective import multipass_loss
+    from fbt_probe.train.recipes import named_config
 
     m = load_hf(folder)
     b = heldout_batch(("delayed_memory", "done_tracking"), n_groups=4, distractors=(1, 4, 16),
                       encoding=m.encoding)  # fmt: skip
-    from fbt_probe.steps import TrainBatch
+    from fbt_probe.train.steps import TrainBatch
 
     batch = TrainBatch(b.tokens, b.targets, b.answer, b.valid.sum(1), b.valid.sum(1), [])
     with torch.no_grad():
@@ -206,8 +206,9 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
 def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
     from fbt_probe.hf import load_hf
     from fbt_probe.patching import STATE_HOOK
+    from probes.intervene.metrics import Key
     from probes.intervene.registry import REGISTRY
-    from probes.intervene.run import Key, run_battery
+    from probes.intervene.run import run_battery
     from tasks.generate import generate_dataset
 
     UNDIRECTED = tuple(k for k, v in REGISTRY.items() if not v.directions)
@@ -312,7 +313,8 @@ def test_a_label_word_of_another_length_makes_a_shifted_twin(llama_split, tmp_pa
 
 def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split, tmp_path):
     from fbt_probe.hf import load_hf
-    from probes.intervene.run import TWIN, Key, run_battery
+    from probes.intervene.metrics import TWIN, Key
+    from probes.intervene.run import run_battery
     from tasks.generate import generate_dataset
 
     m = load_hf(llama_split)

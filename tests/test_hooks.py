@@ -9,9 +9,9 @@ import torch
 from fbt_probe.config import build_cfg
 from fbt_probe.decode import generate
 from fbt_probe.hooks import at
-from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence
 from fbt_probe.stability import heldout_batch, jacobi_trajectory
+from fbt_probe.stack import FBTModel
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_patching_the_state_in_pass_2_at_one_position(model):
         return t + 5.0
 
     hooked = model.run_with_hooks(
-        x, passes=3, fwd_hooks=[("fusion.hook_state", at(noise, passes=[1], positions=[p]))]
+        x, passes=3, fwd_hooks=[("fusion.hook_state", at(noise, on_pass=2, positions=[p]))]
     )
     # pass 1 is untouched, bit for bit
     assert torch.equal(hooked.passes[0].states, clean.passes[0].states)
@@ -56,13 +56,13 @@ def test_positions_per_example_and_a_patch_with_the_clean_values_changes_nothing
     seen = {}
 
     def grab(t, hook):
-        seen[hook.ctx["pass"]] = t.clone()
+        seen[hook.ctx["pass_number"]] = t.clone()
 
     model.run_with_hooks(x, passes=2, fwd_hooks=[("fusion.hook_state", at(grab))])
-    assert set(seen) == {1}  # pass 1 has no feedback: the fusion fires in pass 2 only
-    own = seen[1]
+    assert set(seen) == {2}  # pass 1 has no feedback: the fusion fires in pass 2 only
+    own = seen[2]
     out = model.run_with_hooks(
-        x, passes=2, fwd_hooks=[("fusion.hook_state", at(lambda t, h: own, passes=1))]
+        x, passes=2, fwd_hooks=[("fusion.hook_state", at(lambda t, h: own, on_pass=2))]
     )
     assert torch.equal(out.logits, clean.logits)
     # a (batch,) tensor: one position per example
@@ -80,12 +80,12 @@ def test_a_jacobi_trajectory_fires_hooks_with_pass_indices_in_order(model):
     fired = []
 
     def record(t, hook):
-        fired.append(hook.ctx["pass"])
+        fired.append(hook.ctx["pass_number"])
 
     k = 5
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
         jacobi_trajectory(model, batch, passes=k, lipschitz_at=())
-    assert fired == list(range(k))
+    assert fired == list(range(1, k + 1))
     assert no_hooks_left(model)
 
 
@@ -94,7 +94,8 @@ def test_recurrence_and_decoding_report_their_steps(model):
     ctx = []
 
     def record(t, hook):
-        ctx.append((hook.ctx["pass"], hook.ctx["step"], hook.ctx["offset"], t.shape[1]))
+        ctx.append((hook.ctx["pass_number"], hook.ctx["step"], hook.ctx["first_position"],
+                    t.shape[1]))  # fmt: skip
 
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
         run_recurrence(model, x)
@@ -102,7 +103,7 @@ def test_recurrence_and_decoding_report_their_steps(model):
     ctx.clear()
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
         generate(model, x, mode="fused", max_new_tokens=3)
-    assert ctx == [(0, None, 0, 6), (1, None, 0, 6), (None, 6, 6, 1), (None, 7, 7, 1)]
+    assert ctx == [(1, None, 0, 6), (2, None, 0, 6), (None, 6, 6, 1), (None, 7, 7, 1)]
     # a patch restricted to one recurrence step changes that step and later ones only
     clean = run_recurrence(model, x)
 
@@ -123,7 +124,7 @@ def test_no_hook_outlives_an_error(model):
         raise RuntimeError("a broken hook")
 
     with pytest.raises(RuntimeError, match="a broken hook"):
-        model.run_with_hooks(x, passes=2, fwd_hooks=[("fusion.hook_state", at(boom, passes=[1]))])
+        model.run_with_hooks(x, passes=2, fwd_hooks=[("fusion.hook_state", at(boom, on_pass=[2]))])
     assert no_hooks_left(model)
     with pytest.raises(RuntimeError):
         with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", boom)]):
@@ -144,3 +145,23 @@ def test_fusion_none_makes_state_patches_inert():
 
     out = m.run_with_hooks(x, passes=2, fwd_hooks=[("fusion.hook_state", at(patch))])
     assert torch.equal(out.logits, clean.logits) and not fired
+
+
+def test_the_old_pass_numbering_fails_in_one_line_naming_the_new(model):
+    # at(passes=[1]) meant pass 2: it must not quietly start meaning pass 1
+    with pytest.raises(TypeError, match=r"counted passes from 0 and is gone: use at\(fn, on_pass=\[2\]\)"):
+        at(lambda t, h: t, passes=[1])
+    with pytest.raises(TypeError, match="on_pass"):
+        at(lambda t, h: t, [1])  # the old second positional argument
+    seen = []
+
+    def old_keys(t, hook):
+        for key in ("pass", "offset"):
+            try:
+                hook.ctx[key]
+            except KeyError as e:
+                seen.append(str(e))
+
+    model.run_with_hooks(tokens(), passes=1, fwd_hooks=[("blocks.0.hook_resid_pre", old_keys)])
+    assert seen == ["\"hook.ctx['pass'] is gone: read hook.ctx['pass_number'] (counted from 1: pass 1 is 1)\"",
+                    "\"hook.ctx['offset'] is gone: read hook.ctx['first_position']\""]  # fmt: skip

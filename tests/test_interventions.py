@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from fbt_probe.config import FBTConfig
-from fbt_probe.model import FBTModel
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
+from fbt_probe.stack import FBTModel
 from probes.common.twins import batches, pairs_of, window_mask
 from probes.intervene.erasers import fit_leace
+from probes.intervene.metrics import COLUMNS, Key, summarise
 from probes.intervene.plot import depth_of
 from probes.intervene.registry import REGISTRY
-from probes.intervene.run import COLUMNS, Key, run_battery, summarise
+from probes.intervene.run import run_battery
 from tasks import delayed_memory, done_tracking, get_task, multi_register, vocab
 from tasks.base import STREAM_PROBE, generate_groups, generate_twins
 from tasks.dataset import load
@@ -338,7 +339,7 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     # on real features: delayed_memory's bit at depth 0 of the colon under recurrent prefill is
     # decodable (probe ~1.0); after LEACE fitted on the training folds a fresh probe trained
     # and tested on erased features is at chance
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.extract import extract_features
     from probes.fit.cv import grouped_splits
     from probes.fit.probe import LogisticProbe
@@ -381,7 +382,7 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
 
 
 def test_steering_uses_a_fits_saved_probes(tmp_path):
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.fit.artifacts import find, load_probes
     from probes.fit.run import run_fit
     from probes.intervene.erasers import class_vectors

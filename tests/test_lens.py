@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from fbt_probe.lens import RidgeStats, Translators, lens_batch
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.lens.run import COLUMNS
 from tasks.generate import generate_dataset
 
@@ -27,7 +27,7 @@ def default_model():
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     pytest.importorskip("transformers")
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
 
@@ -47,10 +47,10 @@ def _check_reads_against_the_model(model):
                                              names_filter=[*hooks, "fusion.hook_state"])  # fmt: skip
     rows = torch.arange(len(at))
     for k in range(3):  # at depth L of every pass the logit lens is that pass's output
-        torch.testing.assert_close(model.read_resid(caches[k][hooks[-1]]),
+        torch.testing.assert_close(model.read_resid(caches.of_pass(k + 1)[hooks[-1]]),
                                    out.passes[k].logits_at(rows, at), atol=1e-4, rtol=1e-4)  # fmt: skip
     # the head on the fed-back state at t is the pass before's output at t - 1
-    fed = model.read_state(caches[1]["fusion.hook_state"])
+    fed = model.read_state(caches.of_pass(2)["fusion.hook_state"])
     torch.testing.assert_close(fed, out.passes[0].logits_at(rows, at - 1), atol=1e-4, rtol=1e-4)
     answer = toks[rows, at]
     r = lens_batch(model, toks, at, answer, passes=3)["logit"]

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from fbt_probe.checkpoint import load_model, save_model
 from fbt_probe.config import FBTConfig, build_cfg
 from fbt_probe.decode import generate
-from fbt_probe.model import FBTModel
 from fbt_probe.recurrence import run_recurrence, run_recurrence_with_cache
+from fbt_probe.stack import FBTModel
 
 TOL = dict(atol=2e-5, rtol=1e-4)
 
@@ -148,7 +148,7 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
 
 @torch.no_grad()
 def test_the_schedules_smear_share_moves_the_keys_between_plain_and_learned():
-    from fbt_probe.train import smear_hooks
+    from fbt_probe.train.objective import smear_hooks
 
     plain = FBTModel(build_cfg(), seed=3).eval()
     smeared = FBTModel(build_cfg(smear_keys=True), seed=3).eval()
@@ -210,19 +210,19 @@ def test_init_states_continue_the_jacobi_iteration(model):
 def test_pass_two_block_zero_input_by_hand(model):
     t = toks()
     _, caches = model.run_with_pass_caches(t, passes=2)
-    h1 = caches[0]["ln_final.hook_normalized"]
-    e = caches[0]["hook_embed"]
+    h1 = caches.of_pass(1)["ln_final.hook_normalized"]
+    e = caches.of_pass(1)["hook_embed"]
     by_hand = rms(
         (h1[:, :-1] @ model.fusion.W_U.T) * torch.sigmoid(e[:, 1:] @ model.fusion.W_G.T),
         model.fusion.norm.w,
         1e-6,
     )
-    got = caches[1]["blocks.0.hook_resid_pre"]
+    got = caches.of_pass(2)["blocks.0.hook_resid_pre"]
     torch.testing.assert_close(got[:, 1:], by_hand, **TOL)
     torch.testing.assert_close(got[:, 0], e[:, 0], **TOL)  # position 0 has no previous state
-    torch.testing.assert_close(caches[0]["blocks.0.hook_resid_pre"], e, **TOL)
+    torch.testing.assert_close(caches.of_pass(1)["blocks.0.hook_resid_pre"], e, **TOL)
     assert not torch.allclose(
-        caches[0]["blocks.1.hook_resid_pre"], caches[1]["blocks.1.hook_resid_pre"]
+        caches.of_pass(1)["blocks.1.hook_resid_pre"], caches.of_pass(2)["blocks.1.hook_resid_pre"]
     )
 
 
@@ -238,18 +238,21 @@ def test_position_cache_equals_full_cache_slice(model):
     _, small = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos)
     b = torch.arange(4)
     for k in range(3):
-        for name in full[k].keys():
+        for name in full.of_pass(k + 1).keys():
             if name.endswith("hook_pattern"):
-                torch.testing.assert_close(small[k][name], full[k][name][b, :, pos])
+                torch.testing.assert_close(small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, :, pos])
             else:
-                torch.testing.assert_close(small[k][name], full[k][name][b, pos])
-    assert small[0]["blocks.0.hook_resid_pre"].shape == (4, 32)
+                torch.testing.assert_close(small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, pos])
+    assert small.of_pass(1)["blocks.0.hook_resid_pre"].shape == (4, 32)
     # the last pass alone (what a many-pass probe keeps): the same tensors, one cache
     out, last = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos,
                                            last_only=True)  # fmt: skip
-    assert len(last) == 1 and len(out.passes) == 1 and set(last[0].keys()) == set(small[2].keys())
-    for name in small[2].keys():
-        assert torch.equal(last[0][name], small[2][name])
+    assert len(last) == 1 and len(out.passes) == 1 and list(last.passes) == [3]
+    assert set(last.of_pass(3).keys()) == set(small.of_pass(3).keys())
+    with pytest.raises(TypeError, match=r"caches\[1\] counted passes from 0 and is gone: use caches.of_pass\(2\)"):
+        small[1]  # the old index of pass 2 never quietly reads pass 1
+    for name in small.of_pass(3).keys():
+        assert torch.equal(last.last[name], small.of_pass(3)[name])
     # full recurrence with colon-only caching equals its own states at those positions
     rec, cache = run_recurrence_with_cache(
         model, t, names_filter="ln_final.hook_normalized", positions=pos
@@ -341,8 +344,8 @@ def test_soft_equals_recurrence_with_prompt_as_prefix(model):
 
 
 def test_jitter_only_in_training(model):
-    from fbt_probe.steps import JitterNoise
-    from fbt_probe.train import jitter_hook
+    from fbt_probe.train.objective import jitter_hook
+    from fbt_probe.train.steps import JitterNoise
 
     t = toks()
     hook = jitter_hook(model, JitterNoise(3, t.shape[1], model.cfg.d_model), torch.arange(len(t)))

@@ -80,7 +80,7 @@ def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """The default model, a small delayed_memory set and its saved probes (two prefills)."""
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.fit.run import run_fit
 
     tmp = tmp_path_factory.mktemp("view")
@@ -100,7 +100,9 @@ def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
     from tasks.dataset import load
 
     model, tmp, data = fitted
-    out, lines = view(data=data, probes=tmp / "fit", examples="2,5", prefill="k3", out=tmp / "v.html")
+    out, lines = view(
+        data=data, probes=tmp / "fit", examples="2,5", prefill="k3", out=tmp / "v.html"
+    )
     doc = page_data(out)
     ds = load(data)
     assert [e["row"] for e in doc["examples"]] == [2, 5] and "probes from" in doc["probe_note"]
@@ -137,7 +139,7 @@ def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
         sums = [w[q * (q + 1) // 2 : q * (q + 1) // 2 + q + 1].sum() for q in range(n)]
         assert np.allclose(sums, 1.0, atol=(n + 1) / (2 * LEVELS) + 1e-9)
     _, caches = model.run_with_pass_caches(ids, passes=3, names_filter="blocks.1.attn.hook_pattern")
-    a = caches[1]["blocks.1.attn.hook_pattern"][0, 2]  # pass 2, layer 1, head 2
+    a = caches.of_pass(2)["blocks.1.attn.hook_pattern"][0, 2]  # pass 2, layer 1, head 2
     rows = torch.tril_indices(n, n)
     got = np.array([ALPHABET.index(c) for c in ex["attention"][1][1][2]]) / LEVELS
     np.testing.assert_allclose(got, a[rows[0], rows[1]].numpy(), atol=0.5 / LEVELS + 1e-6)
@@ -148,7 +150,9 @@ def test_view_without_probes_says_how_to_get_them_and_refuses_bad_input(fitted, 
     from probes.report.view import view
 
     _, tmp, data = fitted
-    out, _ = view(data=data, probes=tmp_path, examples="0", prefill="standard", out=tmp_path / "v.html")
+    out, _ = view(
+        data=data, probes=tmp_path, examples="0", prefill="standard", out=tmp_path / "v.html"
+    )
     doc = page_data(out)
     assert "fbt-probe fit" in doc["probe_note"] and doc["examples"][0]["probe"][0]["targets"] == {}
     for kw, msg in (({"examples": "x"}, "--examples"), ({"examples": "99999"}, "--examples"),
@@ -240,7 +244,9 @@ def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted
         torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), {"model_hash": model_hash(model)}
     )
     eye.save(tmp_path / "lens" / "tuned_lens")
-    out, lines = view(data=data, probes=tmp_path, examples="3", prefill="recurrent", out=tmp_path / "v.html")
+    out, lines = view(
+        data=data, probes=tmp_path, examples="3", prefill="recurrent", out=tmp_path / "v.html"
+    )
     assert "tuned lens from" in lines[0]
     rows = {r["name"]: [c[0] for c in r["cells"]] for r in page_data(out)["examples"][0]["lens"][1]}
     assert [k for k in rows if k.startswith("tuned")] == [f"tuned {i}" for i in range(n)]
@@ -249,5 +255,7 @@ def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted
     other.save(tmp_path / "other")
     with pytest.raises(ValueError, match="fitted on model"):
         view(data=data, tuned_lens=tmp_path / "other", out=tmp_path / "w.html")
-    _, lines = view(data=data, probes=tmp, examples="3", prefill="standard", out=tmp_path / "w.html")
+    _, lines = view(
+        data=data, probes=tmp, examples="3", prefill="standard", out=tmp_path / "w.html"
+    )
     assert "no tuned lens" in lines[0]

@@ -13,10 +13,10 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
-from fbt_probe.registry import resolve_model
-from probes.common.twins import batches, pairs_of
-from probes.intervene.run import CLEAN, TWIN, Record, _answer_logits, summarise
+from probes.common.twins import answer_logits, batches, pairs_of
+from probes.intervene.metrics import CLEAN, TWIN, Record, summarise
 from probes.patch.run import head_hook, patch_batch, twin_acts
 from tasks.dataset import load
 from tasks.generate import generate_dataset
@@ -70,17 +70,17 @@ def test_every_heads_patch_together_is_the_attention_outputs(dm):
     start = int(b.label_pos.min())
     heads = [("blocks.1.attn.hook_z", head_hook(h, after, acts[names[0]]))
              for h in range(model.cfg.n_heads)]  # fmt: skip
-    a = _answer_logits(patched_output(model, b.clean, start, heads, None, 1), b, start)
+    a = answer_logits(patched_output(model, b.clean, start, heads, None, 1), b, start)
     whole = [("blocks.1.hook_attn_out", replace_where(after, acts[names[1]]))]
-    c = _answer_logits(patched_output(model, b.clean, start, whole, None, 1), b, start)
+    c = answer_logits(patched_output(model, b.clean, start, whole, None, 1), b, start)
     torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
-    clean = _answer_logits(b.clean.out, b, 0)
+    clean = answer_logits(b.clean.out, b, 0)
     assert float((a - clean).abs().max()) > 1e-3  # the patch did something
 
 
 def test_a_path_patch_without_feedback_changes_nothing(dm):
     from fbt_probe.config import build_cfg
-    from fbt_probe.model import FBTModel
+    from fbt_probe.stack import FBTModel
 
     model = FBTModel(build_cfg(fusion="none", n_layers=2), seed=0).eval()
     rec, _, df = _battery(model, dm, "recurrent", ("path",))
@@ -111,7 +111,7 @@ def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads_witho
     tmp_path, monkeypatch
 ):
     pytest.importorskip("transformers")
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     folder = model_folder(tmp_path / "llama", "llama")
     data = tmp_path / "dm.parquet"
@@ -163,7 +163,7 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
 
     b.clean = clean_run(model, b.tokens, pf)
     every = torch.ones_like(b.tokens, dtype=torch.bool)
-    hook = [("blocks.0.hook_resid_pre", replace_where(every, caches[0]["blocks.0.hook_resid_pre"]))]
+    hook = [("blocks.0.hook_resid_pre", replace_where(every, caches.of_pass(1)["blocks.0.hook_resid_pre"]))]
     got, first = Runner(model, b, pf, at_pass=0)(hook, 0, 0)
     ref = model(b.tokens, passes=1, init_states=out.passes[0].states)
     assert first == 0
@@ -190,7 +190,7 @@ def test_the_last_pass_reuses_the_clean_run_and_equals_running_every_pass_again(
     whole.early = True  # the path an earlier pass takes: every pass run again, whole
     a, b_ = cached(hook, start, 2), whole(hook, start, 2)
     assert not cached.early and a[1] == start and b_[1] == 0
-    torch.testing.assert_close(_answer_logits(a[0], b, a[1]), _answer_logits(b_[0], b, 0),
+    torch.testing.assert_close(answer_logits(a[0], b, a[1]), answer_logits(b_[0], b, 0),
                                atol=1e-5, rtol=1e-5)  # fmt: skip
 
 

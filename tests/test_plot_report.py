@@ -117,8 +117,8 @@ def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0)
     """A hand-made interventions table: delayed_memory under recurrent prefill, 3 depths."""
     from fbt_probe.patching import STATE_HOOK
     from probes.common.twins import WINDOWS
+    from probes.intervene.metrics import COLUMNS as IV_COLUMNS
     from probes.intervene.registry import ALPHAS, TOKEN_SITE
-    from probes.intervene.run import COLUMNS as IV_COLUMNS
 
     rng = np.random.default_rng(1)
     rows = []

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import FBTConfig
-from fbt_probe.model import FBTModel
+from fbt_probe.stack import FBTModel
 from probes.common.extract import extract_cached, extract_features
 from probes.fit.cv import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
 from probes.fit.results import layer0_table, load_results
@@ -343,7 +343,7 @@ def test_a_task_declared_position(tiny_setup, tmp_path):
 def test_extraction_batches_keep_under_a_token_budget():
     from types import SimpleNamespace
 
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.extract import _batches, max_batch_tokens
 
     lengths = np.array([5, 3, 9, 4, 8, 2, 7])

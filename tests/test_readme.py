@@ -19,7 +19,8 @@ def test_the_readme_is_at_most_150_lines_and_names_the_two_commands():
     assert "bash scripts/reproduce.sh" in text and "bash scripts/test.sh" in text
 
 
-def test_the_readmes_python_blocks_run_in_order(capsys):
+def test_the_readmes_python_blocks_run_in_order(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the example writes results/ where it runs
     blocks = python_blocks()
     assert len(blocks) >= 2
     scope: dict = {}
@@ -33,7 +34,10 @@ def test_the_readmes_python_blocks_run_in_order(capsys):
     assert scope["out"].logits[:, -1].argmax(-1).tolist() == labels
     clean, patched = scope["out"].logits, scope["patched"].logits
     assert (clean[:, :-1] == patched[:, :-1]).all() and not (clean[:, -1] == patched[:, -1]).all()
-    assert str(labels) in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(labels) in printed and "delayed_memory: answer top-1 by pass" in printed
+    assert (tmp_path / "results" / "trajectory" / "trajectory.csv").is_file()
+    assert set(scope["result"].tables) == {"trajectory"}
 
 
 def _commands(group, prefix=()):

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.recipes import load_recipe, named_config, recipe_names
-from fbt_probe.schedule import Phase, plan_at, table, validate
-from fbt_probe.steps import plan_of, stream_digest
-from fbt_probe.train_config import TrainConfig
+from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.recipes import load_recipe, named_config, recipe_names
+from fbt_probe.train.schedule import Phase, plan_at, table, validate
+from fbt_probe.train.steps import plan_of, stream_digest
 
 DATA = Path(__file__).parent / "data"
 DIGESTS = json.loads((DATA / "stream_digests.json").read_text())
@@ -91,7 +91,7 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
     # before any phase sets them: no soft examples, the smear as learned
     bare = phases({"until": 1.0, "tasks": T3, "passes": [1], "n_max": 8})
     assert (plan_at(bare, 0.5).soft, plan_at(bare, 0.5).smear) == (0.0, 1.0)
-    from fbt_probe.steps import draw_step
+    from fbt_probe.train.steps import draw_step
 
     stream, whole, plain, n = cfg.stream(), 0, 0, 0
     for step in range(200):
@@ -232,7 +232,7 @@ def test_a_flat_config_of_version_0_1_gets_one_line_saying_what_to_do(tmp_path):
 
 
 def test_the_shipped_default_model_folder_loads_its_config():
-    from fbt_probe.registry import DEFAULT_MODEL_DIR
+    from fbt_probe.loading import DEFAULT_MODEL_DIR
 
     d = json.loads((DEFAULT_MODEL_DIR / "train_config.json").read_text())
     cfg = TrainConfig.from_dict(d)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fbt_probe.recipes import load_recipe, named_config
-from fbt_probe.train import train
+from fbt_probe.train.loop import train
+from fbt_probe.train.recipes import load_recipe, named_config
 from probes.seeds.study import meets, parse_seeds, run_seed_study
 
 

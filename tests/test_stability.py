@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
-from fbt_probe.model import FBTModel
 from fbt_probe.stability import HeldoutBatch, jacobi_trajectory, long_soft_decoding, verdict
+from fbt_probe.stack import FBTModel
 
 
 def batch(B=4, T=40, seed=0):
@@ -80,5 +80,7 @@ def test_stability_cli(tmp_path):
     assert df["pass"].tolist() == [1, 2, 3, 4, 5, 6]
     for f in ("stability.png", "stability.pdf", "soft_decoding.png", "soft_decoding.csv"):
         assert (tmp_path / "s" / f).is_file()
-    bad = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--prefill", "k1001"])
+    bad = CliRunner().invoke(
+        app, ["stability", "--model", str(tmp_path / "m"), "--prefill", "k1001"]
+    )
     assert bad.exit_code == 1 and "1..1000" in bad.stderr

@@ -15,7 +15,7 @@ import tasks
 from cli import app
 from fbt_probe.checkpoint import load_model, save_model
 from fbt_probe.config import build_cfg
-from fbt_probe.model import FBTModel
+from fbt_probe.stack import FBTModel
 from probes.fit.results import load_results
 from tasks import vocab
 from tasks.base import (

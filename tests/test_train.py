@@ -11,17 +11,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import fbt_probe.steps as S
-import fbt_probe.train as T
+import fbt_probe.train.objective as O
+import fbt_probe.train.state as T
+import fbt_probe.train.steps as S
 from cli import app
 from fbt_probe.checkpoint import load_model
 from fbt_probe.device import resolve_device
 from fbt_probe.evaluate import evaluate
-from fbt_probe.model import FBTModel
-from fbt_probe.recipes import named_config
-from fbt_probe.steps import lr_at, make_batch, plan_of
-from fbt_probe.train import multipass_loss, train
-from fbt_probe.train_config import TrainConfig
+from fbt_probe.stack import FBTModel
+from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.loop import train
+from fbt_probe.train.objective import multipass_loss
+from fbt_probe.train.recipes import named_config
+from fbt_probe.train.steps import lr_at, make_batch, plan_of
 from tasks import get_task
 
 TASKS3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
@@ -46,7 +48,7 @@ def test_learning_rate_schedule():
 
 
 def test_deep_pass_batches_draw_long_counts():
-    from fbt_probe.steps import step_examples
+    from fbt_probe.train.steps import step_examples
 
     cfg = TrainConfig.from_dict({"deep_batches": {"passes": 4, "batch_size": 8, "n_min": 100}})
     s = cfg.stream()
@@ -79,9 +81,9 @@ def test_deep_pass_batches_draw_long_counts():
 
 
 def test_fixed_point_batches():
-    from fbt_probe.model import FBTModel
-    from fbt_probe.steps import fixed_point_draw
-    from fbt_probe.train import warm_states
+    from fbt_probe.stack import FBTModel
+    from fbt_probe.train.objective import warm_states
+    from fbt_probe.train.steps import fixed_point_draw
 
     sched = [
         {"until": 0.5, "tasks": TASKS3, "passes": [1.0], "n_max": 16},
@@ -164,7 +166,7 @@ def test_training_with_fixed_point_batches_records_them(tmp_path):
 
 
 def test_loss_is_sum_of_per_pass_next_token_losses():
-    from fbt_probe.model import FBTModel
+    from fbt_probe.stack import FBTModel
 
     cfg = tiny(objective__answer_weight=[1.0, 1.0])
     model = FBTModel(cfg.model, seed=0).eval()
@@ -185,7 +187,7 @@ def test_loss_is_sum_of_per_pass_next_token_losses():
 
 def test_answer_weight_by_pass():
     # pass k's answer tokens weigh answer_weight[k-1]; the last weight holds for deeper passes
-    from fbt_probe.model import FBTModel
+    from fbt_probe.stack import FBTModel
 
     cfg = tiny(objective__answer_weight=[2.0, 5.0, 9.0])
     model = FBTModel(cfg.model, seed=0).eval()
@@ -306,7 +308,7 @@ def test_training_step_is_bitwise_deterministic_on_two_threads():
 
 def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     cfg = tiny(steps=10, run__checkpoint_every=3)
-    real = T.multipass_loss
+    real = O.multipass_loss
     calls = {"n": 0}
 
     def poisoned(model, batch, passes, cfg, prefix_len=None, *args, **kwargs):
@@ -314,7 +316,7 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         loss, stats = real(model, batch, passes, cfg, prefix_len, *args, **kwargs)
         return (loss * float("nan") if calls["n"] == 7 else loss), stats
 
-    monkeypatch.setattr(T, "multipass_loss", poisoned)
+    monkeypatch.setattr(O, "multipass_loss", poisoned)
     with pytest.raises(T.Divergence, match="step 6"):
         train(cfg, tmp_path / "r", argv=["test"])
     st = torch.load(tmp_path / "r" / "state.pt", weights_only=False)
@@ -412,7 +414,7 @@ def test_train_cli_stop_after_then_resume(tmp_path):
 
 def test_eval_matches_teacher_forced_pass_logits():
     # standard and fused decoding of a one-word answer equal the argmax of pass 1 / pass 2
-    from fbt_probe.model import FBTModel
+    from fbt_probe.stack import FBTModel
     from tasks import vocab
 
     model = FBTModel(tiny().model, seed=1).eval()
@@ -586,7 +588,7 @@ def _step_grads(cfg, draw):
     from fbt_probe.distributed import World
 
     model = FBTModel(cfg.model, seed=0).train()
-    loss, stats, tokens = T.train_step(model, model, draw, cfg, World(), torch.device("cpu"))
+    loss, stats, tokens = O.train_step(model, model, draw, cfg, World(), torch.device("cpu"))
     return loss, stats, tokens, {n: p.grad for n, p in model.named_parameters()}
 
 
@@ -619,7 +621,7 @@ def test_a_length_bucketed_step_equals_the_whole_batch_step():
 
 
 def test_jitter_noise_depends_on_the_row_not_on_the_split():
-    from fbt_probe.steps import JitterNoise
+    from fbt_probe.train.steps import JitterNoise
 
     a, b = JitterNoise(7, 20, 4), JitterNoise(7, 20, 4)
     whole = a.take(1, torch.arange(6), 20)

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.trajectory.run import CLASSES, COLUMNS
 from tasks.generate import generate_dataset
@@ -22,7 +22,7 @@ from tasks.generate import generate_dataset
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     pytest.importorskip("transformers")
-    from fbt_probe.hf_tiny import model_folder
+    from fbt_probe.hf.tiny import model_folder
 
     return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
 
@@ -104,5 +104,7 @@ def test_trajectory_command_on_a_hugging_face_model(tiny_llama, tmp_path):
 def test_trajectory_refuses_one_pass_in_one_line(tmp_path):
     r = CliRunner().invoke(app, ["trajectory", "-p", "standard", "--out", str(tmp_path / "t")])
     assert r.exit_code == 1
-    assert r.output.strip().splitlines() == ["error: --prefill standard: this command reads recurrent to k64 (2..64 passes)"]
+    assert r.output.strip().splitlines() == [
+        "error: --prefill standard: this command reads recurrent to k64 (2..64 passes)"
+    ]
     assert not (tmp_path / "t").exists()

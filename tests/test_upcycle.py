@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from fbt_probe.hf import FUSION_CONFIG, load_hf
-from fbt_probe.hf_tiny import bpe_tokenizer, model_folder
-from fbt_probe.recipes import named_config
+from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
+from fbt_probe.train.recipes import named_config
 
 pytest.importorskip("transformers")
 SHORT = ["--set", "steps=12", "--set", "data.batch_size=4", "--set", "run.eval_examples=4",

@@ -45,7 +45,7 @@ N_GROUPS = int(os.environ.get("FBT_TUTORIAL_GROUPS", "60"))
 # the fed-back state: 0, block 0's input, in the paper's design.
 
 # %%
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 
 model, name = resolve_model("default")
 cfg = model.cfg

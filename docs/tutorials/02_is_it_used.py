@@ -84,7 +84,7 @@ print(
 # recurrence that decoding computes.
 
 # %%
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 from probes.intervene.run import run_intervene
 
 model, name = resolve_model("default")

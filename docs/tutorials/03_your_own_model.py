@@ -35,7 +35,7 @@ N_GROUPS = int(os.environ.get("FBT_TUTORIAL_GROUPS", "60"))
 choice = os.environ.get("FBT_TUTORIAL_MODEL", "")
 
 # %%
-from fbt_probe.hf_tiny import bpe_tokenizer, model_folder
+from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
 
 if choice and choice != "tiny":
     folder = Path(choice)
@@ -56,7 +56,7 @@ print("model folder:", folder)
 # (`fbt-probe train --init-from FOLDER --config upcycle`, `docs/hf.md`).
 
 # %%
-from fbt_probe.registry import resolve_model
+from fbt_probe.loading import resolve_model
 
 model, name = resolve_model(str(folder))
 print(f"{name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, {model.n_heads} heads")

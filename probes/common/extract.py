@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 from fbt_probe.positions import pos_dim
 from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import run_recurrence_with_cache
 from tasks import get_task, vocab
 from tasks.dataset import Dataset
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 DEFAULT_CACHE = Path(".cache") / "extract"
 
@@ -159,7 +159,7 @@ def extract_features(
             _, caches = model.run_with_pass_caches(
                 toks, passes=passes, names_filter=hooks, positions=at, last_only=True
             )
-            cache = caches[-1]
+            cache = caches.last
         missing = [h for h in hooks if h not in cache]
         if missing:
             raise SiteNotFired(

@@ -10,7 +10,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 PREFILL_ORDER = ["standard", "recurrent", "full"]
 CMAP = "cividis"  # perceptually uniform and colour-blind safe

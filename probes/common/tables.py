@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 
 def write_table(df: pd.DataFrame, path: Path) -> Path:

@@ -215,3 +215,10 @@ def donor_states(b: PairBatch, fed: list[torch.Tensor], answers: list, donor: di
         )
         out[j] = fed[bj][r, src]
     return out
+
+
+def answer_logits(out, b: PairBatch, start: int, twin: bool = False) -> torch.Tensor:
+    """(b, vocab) at each example's (or each twin's) answer position, from a pass over the
+    positions >= start; only those positions go through the head."""
+    rows = torch.arange(len(b.idx), device=b.answer.device)
+    return out.logits_at(rows, (b.twin_answer if twin else b.answer) - start)

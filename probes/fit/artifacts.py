@@ -55,7 +55,7 @@ def _fit(probe: str, reg: float, X, y):
 
 def fit_and_save(folder, cells, data, probe: str, run_meta: dict, n_jobs: int = 2) -> Path:
     """Refit ``probe`` on each cell's (X, y) and write the folder (atomically per file)."""
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     fitted = Parallel(n_jobs=n_jobs)(
         delayed(_fit)(probe, c.C, X, y) for c, (X, y) in zip(cells, data, strict=True)

@@ -22,9 +22,9 @@ from joblib import Parallel, delayed
 
 from fbt_probe import __version__
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
+from fbt_probe.loading import random_init_like
 from fbt_probe.prefill import PREFILLS, parse_prefill
-from fbt_probe.registry import random_init_like
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
@@ -33,7 +33,7 @@ from probes.fit.probe import probe_class
 from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.files import claims
+from tasks.safe_files import claims
 
 COLUMNS = [
     "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
@@ -242,9 +242,9 @@ def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
     checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
     and writes; returns (results, model name), or None on the other ranks."""
     from fbt_probe.distributed import place
+    from fbt_probe.loading import resolve_model
     from fbt_probe.prefill import parse_prefills
-    from fbt_probe.registry import resolve_model
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     prefills = tuple(p.name for p in parse_prefills(prefill, passes))
     task_list, data_map = tasks_and_data(task, data)
@@ -333,7 +333,7 @@ def versions() -> dict:
 
 
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     atomic_write(
         out / "probe_results.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")

@@ -35,7 +35,7 @@ from probes.common.twins import Pairs, batches, pairs_of
 from probes.fit.cv import N_BOOT, GroupBootstrap
 from tasks import vocab
 from tasks.base import POOLED
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 COLUMNS = ["task", "measure", "pass", "layer", "head", "distractors", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -164,10 +164,10 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
           batch_size: int = 64, device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """``fbt-probe heads`` (see the module docstring); every argument is checked first."""
     from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.data import load_or_generate, tasks_and_data
     from probes.heads.plot import plot_heads
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     out, t0 = Path(out), time.monotonic()
     if not 1 <= passes <= MAX_PASSES:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.model import FeedbackModel
+from fbt_probe.feedback import FeedbackModel
 from fbt_probe.patching import clean_run, patched_output
 from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
@@ -34,62 +34,20 @@ from probes.common.twins import (
     WINDOWS,
     PairBatch,
     Pairs,
+    answer_logits,
     batches,
     donor_states,
     donors,
     pairs_of,
     window_mask,
 )
-from probes.fit.cv import N_BOOT, GroupBootstrap, grouped_splits
+from probes.fit.cv import N_BOOT, grouped_splits
 from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
+from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
 from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_interventions, specs
 from tasks import target_names
 from tasks.dataset import Dataset
-from tasks.files import claims
-
-METRICS = ("accuracy", "flip_rate", "logit_diff")
-COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
-           "ci_low", "ci_high", "n_examples"]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Key:
-    """A row of the table: the intervention, where it acts and the steering alpha."""
-
-    intervention: str
-    site: str
-    positions: str
-    alpha: float = float("nan")
-
-
-CLEAN, TWIN = Key("clean", "", ""), Key("twin", "", "")
-
-
-@dataclass
-class Record:
-    """Per intervention, per example: correct, flipped, logit difference."""
-
-    n: int
-    hits: dict = field(default_factory=dict)
-
-    def _row(self, key: Key):
-        if key not in self.hits:
-            self.hits[key] = (np.zeros(self.n, bool), np.zeros(self.n, bool), np.zeros(self.n))
-        return self.hits[key]
-
-    def put(self, key: Key, idx: np.ndarray, logits: torch.Tensor, pairs: Pairs) -> None:
-        c, f, ld = self._row(key)
-        lg = logits.double().cpu().numpy()
-        arg = lg.argmax(1)
-        ci, ti = pairs.clean_id[idx], pairs.twin_id[idx]
-        rows = np.arange(len(idx))
-        c[idx], f[idx], ld[idx] = arg == ci, arg == ti, lg[rows, ci] - lg[rows, ti]
-
-    def copy(self, source: Key, key: Key, idx: np.ndarray) -> None:
-        """``key``'s outcome for the examples ``idx`` is ``source``'s (the same run)."""
-        for into, src in zip(self._row(key), self.hits[source], strict=True):
-            into[idx] = src[idx]
-
+from tasks.safe_files import claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
 # while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
@@ -103,13 +61,6 @@ def kept_bytes_per_token(model) -> int:
     (pos, d_model) tensors, and the logits where the model's head is not lazy."""
     d, n, v = model.cfg.d_model, model.cfg.n_layers, model.cfg.d_vocab
     return 4 * (5 * n * d + 6 * d + (0 if model.lazy_logits else 2 * v))
-
-
-def _answer_logits(out, b: PairBatch, start: int, twin: bool = False) -> torch.Tensor:
-    """(b, vocab) at each example's (or each twin's) answer position, from a pass over the
-    positions >= start; only those positions go through the head."""
-    rows = torch.arange(len(b.idx), device=b.answer.device)
-    return out.logits_at(rows, (b.twin_answer if twin else b.answer) - start)
 
 
 def run_pair(model, b: PairBatch, pf: Prefill, keep_cache: bool = True) -> None:
@@ -127,8 +78,8 @@ def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pa
     total, count, fed = torch.zeros(model.cfg.d_model, dtype=torch.float64), 0, []
     for k, b in enumerate(bs):
         run_pair(model, b, pf, keep_cache=keep)
-        rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
-        rec.put(TWIN, b.idx, _answer_logits(b.twin.out, b, 0, twin=True), pairs)
+        rec.put(CLEAN, b.idx, answer_logits(b.clean.out, b, 0), pairs)
+        rec.put(TWIN, b.idx, answer_logits(b.twin.out, b, 0, twin=True), pairs)
         fed.append(b.clean.fed)
         if b.clean.fed is not None:
             m = window_mask("all", b)
@@ -227,7 +178,7 @@ def patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state, donated, to
                 rec.copy(TWIN, key, b.idx)
             else:
                 out = patched_output(model, b.clean, sp.start, sp.hooks, sp.emb, sp.from_layer)
-                rec.put(key, b.idx, _answer_logits(out, b, sp.start), pairs)
+                rec.put(key, b.idx, answer_logits(out, b, sp.start), pairs)
             by_kind[sp.intervention] += time.monotonic() - t1
             n_runs += 1
         b.clean = b.twin = None  # free the keys and values
@@ -290,46 +241,6 @@ def run_battery(
     return rec, pairs, info
 
 
-# ---- metrics --------------------------------------------------------------------------
-def summarise(rec: Record, pairs: Pairs, task: str, prefill: str, seed: int,
-              n_boot: int = N_BOOT) -> pd.DataFrame:  # fmt: skip
-    """One row per (intervention, metric) with its bootstrap interval over groups."""
-    boot = GroupBootstrap(pairs.groups, seed, n_boot)
-    (_, _, ld_clean), (_, _, ld_twin) = rec.hits[CLEAN], rec.hits[TWIN]
-    clean_sums, twin_sums = boot.sums(ld_clean), boot.sums(ld_twin)
-    rows = []
-    for key, (c, f, ld) in rec.hits.items():
-        if key in (CLEAN, TWIN):
-            continue
-        for metric, full, draws in (
-            ("accuracy", c.mean(), boot.mean(c)),
-            ("flip_rate", f.mean(), boot.mean(f)),
-            ("logit_diff", _norm(ld.sum(), ld_clean.sum(), ld_twin.sum()),
-             _norm(boot.sums(ld), clean_sums, twin_sums)),
-        ):  # fmt: skip
-            lo, hi = (
-                np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (np.nan,) * 2
-            )
-            rows.append({"task": task, "prefill": prefill, "intervention": key.intervention,
-                         "site": key.site, "positions": key.positions, "alpha": key.alpha,
-                         "metric": metric, "value": float(full), "ci_low": float(lo),
-                         "ci_high": float(hi), "n_examples": len(pairs)})  # fmt: skip
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def _norm(ld, clean, twin):
-    """(ld - twin) / (clean - twin): 1 = the clean run, 0 = the twin run."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (np.asarray(ld) - twin) / (np.asarray(clean) - twin)
-
-
-def reference(rec: Record, pairs: Pairs) -> dict:
-    """Answer accuracy of the clean and the twin runs (the twin scored on its own label)."""
-    c, _, _ = rec.hits[CLEAN]
-    _, tw, _ = rec.hits[TWIN]
-    return {"clean_accuracy": float(c.mean()), "twin_accuracy": float(tw.mean())}
-
-
 # ---- the command ------------------------------------------------------------------------
 @claims("out_dir")
 def run_intervene(
@@ -353,7 +264,7 @@ def run_intervene(
     from probes.common.data import load_or_generate
     from probes.fit.artifacts import load_probes
     from probes.fit.run import versions
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     plan = [(t, parse_prefill(p).name) for t, p in plan]
     kinds = parse_interventions(",".join(kinds) if kinds else None)
@@ -400,12 +311,12 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
     ``.json`` and the figures. Under torchrun the ranks share the probe features'
     extraction and rank 0 runs the battery. Returns (results, plan), None on other ranks."""
     from fbt_probe.distributed import place
+    from fbt_probe.loading import random_init_like, resolve_model
     from fbt_probe.prefill import parse_prefills
-    from fbt_probe.registry import random_init_like, resolve_model
     from probes.common.data import load_or_generate, tasks_and_data
     from probes.intervene.plot import plot_interventions
     from tasks import get_task
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     prefills = parse_prefills(prefill)
     names = parse_interventions(kinds)

@@ -30,7 +30,7 @@ from probes.fit.cv import N_BOOT, GroupBootstrap
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
            "n_examples"]  # fmt: skip
@@ -213,10 +213,10 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
     lines. Every argument is checked before any work."""
     from fbt_probe.checkpoint import model_hash
     from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.data import load_or_generate, tasks_and_data
     from probes.lens.plot import plot_lens
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     out = Path(out)
     if not 1 <= passes <= MAX_PASSES:

@@ -33,23 +33,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hooks import at as only_in
-from fbt_probe.model import FeedbackModel
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
 from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
-from probes.common.twins import PairBatch, batches, pairs_of
-from probes.intervene.run import (
-    CLEAN,
-    TWIN,
-    Key,
-    Record,
-    _answer_logits,
-    pick_depths,
-    reference,
-    summarise,
-)
-from tasks.files import atomic_write
+from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
+from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
+from probes.intervene.run import pick_depths
+from tasks.safe_files import atomic_write
 
 KINDS = ("resid", "head", "path")
 BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
@@ -62,7 +54,7 @@ def twin_acts(model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str],
     last = at_pass is None or at_pass == pf.passes - 1
     out, caches = model.run_with_pass_caches(b.twin_tokens, passes=pf.passes, names_filter=names,
                                              last_only=last)  # fmt: skip
-    return out.passes[-1], caches[-1 if last else at_pass]
+    return out.passes[-1], caches.last if last else caches.of_pass(at_pass + 1)
 
 
 class Runner:
@@ -79,7 +71,7 @@ class Runner:
         """The last pass's output and the first position it covers."""
         if not self.early:
             return patched_output(self.model, self.b.clean, start, hooks, None, layer), start
-        only = [(name, only_in(fn, passes=[self.at_pass])) for name, fn in hooks]
+        only = [(name, only_in(fn, on_pass=self.at_pass + 1)) for name, fn in hooks]
         with self.model.hooks(fwd_hooks=only):
             out = self.model(self.b.tokens, passes=self.pf.passes, keep_all=False)
         return out.passes[-1], 0
@@ -90,7 +82,7 @@ def head_hook(head: int, mask: torch.Tensor, values: torch.Tensor):
     ``values``' where ``mask`` (batch, pos) is true; every other head untouched."""
 
     def hook(x, hook):
-        off, n = int(hook.ctx.get("offset", 0)), x.shape[1]
+        off, n = int(hook.ctx.get("first_position", 0)), x.shape[1]
         m = mask[:, off : off + n, None]
         y = x.clone()
         y[:, :, head] = torch.where(m, values[:, off : off + n, head].to(x.dtype), x[:, :, head])
@@ -134,12 +126,12 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
     # an earlier pass runs every pass again whole: it needs no kept keys and values
     b.clean = clean_run(model, b.tokens, pf, keep_cache=not runner.early)
     twin_out, acts = twin_acts(model, b, pf, names, at_pass)
-    rec.put(CLEAN, b.idx, _answer_logits(b.clean.out, b, 0), pairs)
-    rec.put(TWIN, b.idx, _answer_logits(twin_out, b, 0, twin=True), pairs)
+    rec.put(CLEAN, b.idx, answer_logits(b.clean.out, b, 0), pairs)
+    rec.put(TWIN, b.idx, answer_logits(twin_out, b, 0, twin=True), pairs)
     runs = plan_runs(model, b, kinds, acts, at, runner)
     for key, start, hooks, layer in runs:
         out, first = runner(hooks, start, layer)
-        rec.put(key, b.idx, _answer_logits(out, b, first), pairs)
+        rec.put(key, b.idx, answer_logits(out, b, first), pairs)
     b.clean = None
     return len(runs)
 
@@ -222,11 +214,11 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     ``pass_``: the pass patched (1-based; None: the prefill's last); ``groups``: patch only
     the examples of the first this many groups."""
     from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.data import load_or_generate
     from probes.common.extract import max_batch_tokens
     from tasks import get_task
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     (pf, chosen, at_pass), out = parse_args(prefill, kinds, pass_), Path(out)
     if groups is not None and groups < 1:

@@ -205,7 +205,7 @@ def page(title: str, body: str, *, data: dict | None = None, script: str = "") -
 
 def write_page(path: Path, text: str) -> Path:
     """Write a page whole or not at all."""
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from probes.analysis import ANALYSES, Figure
 from probes.report.page import write_report_html
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 TITLE = "# fbt-probe report: is task state decodable from the latent feedback, and is it used?"
 

@@ -208,10 +208,10 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
     """``fbt-probe view`` (see the module docstring); every argument is checked first."""
     from fbt_probe.checkpoint import model_hash
     from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.data import load_or_generate
     from tasks import task_names
-    from tasks.files import check_output_file
+    from tasks.safe_files import check_output_file
 
     t0, out = time.monotonic(), Path(out)
     if task not in task_names():

@@ -45,7 +45,7 @@ def parse_seeds(spec: str) -> list[int]:
 def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress=None) -> dict:
     """Eval accuracy and the layer-0 probe of one finished run folder."""
     from fbt_probe.evaluate import evaluate
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.fit.run import run_fit
     from tasks import task_names
     from tasks.generate import generate_dataset
@@ -167,7 +167,7 @@ def recipe_key(cfg):
     arithmetic), its seed or how the states were sharded."""
     from dataclasses import replace
 
-    from fbt_probe.train import without_sharding
+    from fbt_probe.train.state import without_sharding
 
     return without_sharding(replace(cfg, name="recipe", run=replace(cfg.run, seed=0)))
 
@@ -186,7 +186,7 @@ def _json_object(path: Path) -> dict:
 def _same_recipe(run: Path, scfg) -> None:
     """A finished seed is kept only if it was trained with this recipe: another recipe's run
     in the folder would otherwise enter the table under this one's name."""
-    from fbt_probe.train import saved_train_config
+    from fbt_probe.train.state import saved_train_config
 
     try:
         saved = saved_train_config(run)
@@ -212,7 +212,7 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
     context manager giving a progress callable, shows the measuring of each seed."""
     from contextlib import nullcontext
 
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     rows = {}
     for s in seeds:
@@ -241,7 +241,7 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
 def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
     """Write a study's ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
     ``seeds.png`` into ``out`` from its rows (seed -> measured row), seeds in order."""
-    from tasks.files import atomic_write
+    from tasks.safe_files import atomic_write
 
     rows = {s: rows[s] for s in sorted(rows)}
     out.mkdir(parents=True, exist_ok=True)
@@ -274,7 +274,7 @@ def study_rows(study: Path) -> dict[int, dict]:
 
 def recipe_of(study: Path, seed: int):
     """The seed's ``probes.seeds.study.recipe_key``, or None where no run folder is kept."""
-    from fbt_probe.train import saved_train_config
+    from fbt_probe.train.state import saved_train_config
 
     run = study / f"seed-{seed}"
     if not (run / "train_config.json").is_file():
@@ -321,9 +321,9 @@ def study(*, seeds: str, config: str | None = None, overrides: list[str] | None 
     from contextlib import nullcontext
 
     from fbt_probe.device import resolve_device
-    from fbt_probe.recipes import build_recipe
-    from fbt_probe.train import train
-    from tasks.files import claim
+    from fbt_probe.train.loop import train
+    from fbt_probe.train.recipes import build_recipe
+    from tasks.safe_files import claim
 
     resolve_device(device)  # a bad --device fails before anything is written
     cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)

@@ -18,7 +18,7 @@ from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_deco
 from probes.analysis import Result
 from probes.stability.plot import plot_soft, plot_stability
 from tasks import get_task, task_names, vocab
-from tasks.files import atomic_write, check_output_dir
+from tasks.safe_files import atomic_write, check_output_dir
 
 # the prompt long SOFT decoding continues: a delayed_memory prompt with one distractor
 SOFT_PROMPT = ("<bos>", "SET", "ONE", "the", "cat", ":")
@@ -70,7 +70,7 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
     manager yielding a progress callable, shows each model's passes. Returns the report's
     lines (a verdict per model, the decoding's finiteness)."""
     from fbt_probe.hf import require_tokenizer
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
 
     out = Path(out)
     check_output_dir(out)  # before any work, not after it

@@ -32,7 +32,7 @@ from probes.lens.run import answer_positions, prompts
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.files import atomic_write
+from tasks.safe_files import atomic_write
 
 COLUMNS = ["task", "measure", "pass", "offset", "distractors", "token_class", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -173,10 +173,10 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
                progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """``fbt-probe trajectory`` (see the module docstring); every argument is checked first."""
     from fbt_probe.device import resolve_device
-    from fbt_probe.registry import resolve_model
+    from fbt_probe.loading import resolve_model
     from probes.common.data import load_or_generate, tasks_and_data
     from probes.trajectory.plot import plot_trajectory
-    from tasks.files import check_output_dir
+    from tasks.safe_files import check_output_dir
 
     out = Path(out)
     if not 2 <= passes <= MAX_PASSES:

@@ -10,9 +10,9 @@ import pytest
 
 from fbt_probe.decode import generate_ragged
 from fbt_probe.evaluate import evaluate, heldout_examples
-from fbt_probe.model import FBTModel
-from fbt_probe.recipes import named_config
-from fbt_probe.registry import DEFAULT_MODEL_DIR, resolve_model
+from fbt_probe.loading import DEFAULT_MODEL_DIR, resolve_model
+from fbt_probe.stack import FBTModel
+from fbt_probe.train.recipes import named_config
 from tasks import vocab
 
 
@@ -65,7 +65,7 @@ def test_full_recurrence_errors_of_the_default_model():
 
 
 def test_binding_heads_finds_the_default_models_lookup_head_and_none_at_random_init():
-    from fbt_probe.registry import random_init_like
+    from fbt_probe.loading import random_init_like
 
     bh = _script("binding_heads")
     exs, measure = bh.examples(6, (0, 4), 4321), bh.measure
@@ -93,7 +93,7 @@ def test_init_mix_takes_the_named_parameters_from_the_other_seed_and_trains_as_t
     from safetensors.torch import load_file
 
     from fbt_probe.checkpoint import load_model
-    from fbt_probe.train import train
+    from fbt_probe.train.loop import train
 
     im = _script("init_mix")
     mixed, taken = im.mixed_init("tiny", 1, from_seed=0, params=("W_E", "blocks.0.attn."))

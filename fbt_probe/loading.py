@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbt_probe.checkpoint import load_model
-from fbt_probe.model import FBTModel, FeedbackModel
+from fbt_probe.feedback import FeedbackModel
+from fbt_probe.stack import FBTModel
 
 DEFAULTS = Path(__file__).resolve().parent / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
@@ -14,7 +15,9 @@ DEFAULT_MODEL_DIR = DEFAULTS / "default"
 SHIPPED = ("smollm2-upcycled",)
 
 
-def resolve_model(spec: str | Path | FeedbackModel | None, device="cpu") -> tuple[FeedbackModel, str]:
+def resolve_model(
+    spec: str | Path | FeedbackModel | None, device="cpu"
+) -> tuple[FeedbackModel, str]:
     """``default`` (or None) -> the packaged default; a ``SHIPPED`` name -> that packaged
     model; otherwise a model folder (a training run folder works too: its ``model/``
     subfolder is used). Returns (model on ``device``, its name). A model already loaded is

@@ -2,7 +2,7 @@
 
 The code defaults are neutral, not a tuned run: the paper's objective (75/22/3 % one-, two-
 and three-pass batches, prefix mixin, jitter 0.02) over one phase with the three tasks
-weighted equally and counts up to 256. The named recipes (``fbt_probe/recipes/*.toml``)
+weighted equally and counts up to 256. The named recipes (``fbt_probe/train/recipes/*.toml``)
 say how and why they depart from it.
 """
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from fbt_probe.config import FBTConfig, typed_fields
-from fbt_probe.schedule import QUANTITIES, RAMPABLE, Phase, plan_at, task_names, validate
+from fbt_probe.train.schedule import QUANTITIES, RAMPABLE, Phase, plan_at, task_names, validate
 from tasks import get_task
 from tasks.sampler import COUNT_DISTS, TrainingStream
 

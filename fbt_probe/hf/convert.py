@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from fbt_probe.checkpoint import file_sha256
-from tasks.files import read_record
+from tasks.safe_files import read_record
 
 SOURCE = "fbt_probe_source.json"
 SOURCE_FORMAT = "fbt-probe-converted"
@@ -88,7 +88,7 @@ def read_gguf(path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from fbt_probe.hf import quiet
+    from fbt_probe.hf.folders import quiet
 
     quiet()
     try:
@@ -115,8 +115,8 @@ def convert(gguf: str | Path, out: str | Path, force: bool = False, progress=pri
     """Write ``out``: the model of ``gguf`` (a path or a ``PACKAGED`` name) with
     ``save_pretrained``, its tokenizer and ``SOURCE``, whole or not at all (``force``
     replaces a folder that is there). Returns the source record."""
-    from fbt_probe.hf import quiet
-    from tasks.files import _without_umask, atomic_folder, check_output_dir
+    from fbt_probe.hf.folders import quiet
+    from tasks.safe_files import _without_umask, atomic_folder, check_output_dir
 
     out = Path(out)
     path = resolve_gguf(gguf)

@@ -69,7 +69,7 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
 
 def model_folder(out: str | Path, family: str, tokenizer=None, seed: int = 0) -> Path:
     """A save_pretrained folder: a tiny random model of ``family`` and its tokenizer."""
-    from fbt_probe.hf import quiet
+    from fbt_probe.hf.folders import quiet
 
     quiet()
     tok = tokenizer if tokenizer is not None else word_tokenizer()

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from fbt_probe.distributed import World, rows
-from fbt_probe.schedule import Plan, plan_at
-from fbt_probe.train_config import TrainConfig
+from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.schedule import Plan, plan_at
 from tasks import vocab
 from tasks.base import Example
 from tasks.sampler import TrainingStream
