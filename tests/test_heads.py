@@ -162,7 +162,9 @@ def test_a_hugging_face_pattern_in_pass_2_is_the_models_own_on_the_fused_input(h
         own = model.hf(inputs_embeds=fused, position_ids=pos, output_attentions=True).attentions[1]
     finally:
         model.hf.config._attn_implementation = "sdpa"
-    torch.testing.assert_close(caches.of_pass(2)["blocks.1.attn.hook_pattern"], own, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        caches.of_pass(2)["blocks.1.attn.hook_pattern"], own, atol=1e-6, rtol=1e-5
+    )
 
 
 @torch.no_grad()

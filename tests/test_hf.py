@@ -115,7 +115,9 @@ def test_per_pass_caches_do_not_overwrite_each_other(model):
     out, caches = model.run_with_pass_caches(t, passes=3, names_filter=names)
     assert len(caches) == 3 and "fusion.hook_fused" not in caches.of_pass(1)
     for k in range(3):
-        torch.testing.assert_close(caches.of_pass(k + 1)["ln_final.hook_normalized"], out.passes[k].states)
+        torch.testing.assert_close(
+            caches.of_pass(k + 1)["ln_final.hook_normalized"], out.passes[k].states
+        )
         assert caches.of_pass(k + 1)["blocks.1.hook_resid_post"].shape == (2, 9, 32)
     pre = [c["blocks.0.hook_resid_pre"] for c in caches]
     torch.testing.assert_close(pre[1][:, 0], pre[0][:, 0])  # position 0 stays plain

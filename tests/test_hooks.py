@@ -149,7 +149,9 @@ def test_fusion_none_makes_state_patches_inert():
 
 def test_the_old_pass_numbering_fails_in_one_line_naming_the_new(model):
     # at(passes=[1]) meant pass 2: it must not quietly start meaning pass 1
-    with pytest.raises(TypeError, match=r"counted passes from 0 and is gone: use at\(fn, on_pass=\[2\]\)"):
+    with pytest.raises(
+        TypeError, match=r"counted passes from 0 and is gone: use at\(fn, on_pass=\[2\]\)"
+    ):
         at(lambda t, h: t, passes=[1])
     with pytest.raises(TypeError, match="on_pass"):
         at(lambda t, h: t, [1])  # the old second positional argument

@@ -240,16 +240,22 @@ def test_position_cache_equals_full_cache_slice(model):
     for k in range(3):
         for name in full.of_pass(k + 1).keys():
             if name.endswith("hook_pattern"):
-                torch.testing.assert_close(small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, :, pos])
+                torch.testing.assert_close(
+                    small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, :, pos]
+                )
             else:
-                torch.testing.assert_close(small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, pos])
+                torch.testing.assert_close(
+                    small.of_pass(k + 1)[name], full.of_pass(k + 1)[name][b, pos]
+                )
     assert small.of_pass(1)["blocks.0.hook_resid_pre"].shape == (4, 32)
     # the last pass alone (what a many-pass probe keeps): the same tensors, one cache
     out, last = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos,
                                            last_only=True)  # fmt: skip
     assert len(last) == 1 and len(out.passes) == 1 and list(last.passes) == [3]
     assert set(last.of_pass(3).keys()) == set(small.of_pass(3).keys())
-    with pytest.raises(TypeError, match=r"caches\[1\] counted passes from 0 and is gone: use caches.of_pass\(2\)"):
+    with pytest.raises(
+        TypeError, match=r"caches\[1\] counted passes from 0 and is gone: use caches.of_pass\(2\)"
+    ):
         small[1]  # the old index of pass 2 never quietly reads pass 1
     for name in small.of_pass(3).keys():
         assert torch.equal(last.last[name], small.of_pass(3)[name])

@@ -163,7 +163,12 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
 
     b.clean = clean_run(model, b.tokens, pf)
     every = torch.ones_like(b.tokens, dtype=torch.bool)
-    hook = [("blocks.0.hook_resid_pre", replace_where(every, caches.of_pass(1)["blocks.0.hook_resid_pre"]))]
+    hook = [
+        (
+            "blocks.0.hook_resid_pre",
+            replace_where(every, caches.of_pass(1)["blocks.0.hook_resid_pre"]),
+        )
+    ]
     got, first = Runner(model, b, pf, at_pass=0)(hook, 0, 0)
     ref = model(b.tokens, passes=1, init_states=out.passes[0].states)
     assert first == 0
