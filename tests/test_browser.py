@@ -109,7 +109,7 @@ def test_a_view_page_renders_and_answers_clicks(browser, fitted, tmp_path):  # n
 
     model, tmp, data = fitted
     out, _ = view(
-        data=data, probes=tmp / "fit", examples="2,5", passes=3, out=tmp_path / "view.html"
+        data=data, probes=tmp / "fit", examples="2,5", prefill="k3", out=tmp_path / "view.html"
     )
     page, errors = open_page(browser, out)
     n = page.locator("#tokens span").count()
