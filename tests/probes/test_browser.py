@@ -15,9 +15,6 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.test_pages import fitted  # noqa: F401  (the default model and its saved probes)
-from tests.test_plot_report import results  # noqa: F401
-
 # a root user's Chromium needs --no-sandbox; the rest keep it from reaching for a network
 # this machine does not have (Google's update, sync and component services)
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

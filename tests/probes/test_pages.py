@@ -1,6 +1,6 @@
 """report.html and the view page: what they hold, checked against the numbers behind them.
 
-(tests/test_browser.py opens both in a real browser.)
+(tests/probes/test_browser.py opens both in a real browser.)
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from probes.fit.plot import plot_all
 from probes.report.html import colour, markdown_html
 from probes.report.markdown import write_report
 from tasks import vocab
-from tasks.generate import generate_dataset
-from tests.test_plot_report import results  # noqa: F401  (the hand-made results table)
 
 
 def page_data(path) -> dict:
@@ -77,20 +75,6 @@ def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results
     assert page.count('<table class="sortable">') == n_tables
 
 
-@pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    """The default model, a small delayed_memory set and its saved probes (two prefills)."""
-    from fbt_probe.loading import resolve_model
-    from probes.fit.run import run_fit
-
-    tmp = tmp_path_factory.mktemp("view")
-    model, name = resolve_model("default")
-    data = generate_dataset(
-        "delayed_memory", tmp / "dm.parquet", n_groups=12, distractors=(1, 6), seed=3
-    )
-    run_fit(model, name, ("delayed_memory",), ("standard", "recurrent"), {"delayed_memory": data},
-            tmp / "fit", controls=False, per_count=False, cache_dir=tmp / "c")  # fmt: skip
-    return model, tmp, data
 
 
 def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):

@@ -22,9 +22,6 @@ from tasks.generate import generate_dataset
 FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
 
 
-@pytest.fixture(scope="module")
-def default_model():
-    return resolve_model("default")[0].eval()
 
 
 @pytest.fixture(scope="module")

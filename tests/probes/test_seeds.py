@@ -104,7 +104,7 @@ def merge(*studies, out):
 def _split_study(tmp_path, seeds_per_part):
     """The committed smear-ramp study cut into parts, one folder each: ``seeds_per_part``
     picks each part's seeds from the study's seeds in order."""
-    src = Path(__file__).resolve().parents[1] / "figures" / "seeds" / "smear-ramp"
+    src = Path(__file__).resolve().parents[2] / "figures" / "seeds" / "smear-ramp"
     rows = json.loads((src / "seed_rows.json").read_text())
     parts = []
     for i, pick in enumerate(seeds_per_part):

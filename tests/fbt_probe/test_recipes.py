@@ -18,7 +18,7 @@ from fbt_probe.train.recipes import load_recipe, named_config, recipe_names
 from fbt_probe.train.schedule import Phase, plan_at, table, validate
 from fbt_probe.train.steps import plan_of, stream_digest
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 DIGESTS = json.loads((DATA / "stream_digests.json").read_text())
 T3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
 
@@ -394,7 +394,7 @@ def test_train_cli_tiny_out_and_show(tmp_path):
 
 # ---- the documentation is the config, printed --------------------------------------------
 def test_training_guide_shows_the_default_schedule_and_a_working_example(tmp_path):
-    doc = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
     assert len(doc.splitlines()) <= 250 and "session" not in doc.lower()
     start = doc.index("<!-- the default schedule")
     shown = doc[doc.index("\n", start) + 1 : doc.index("<!-- end of the default schedule")]

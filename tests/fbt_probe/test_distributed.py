@@ -184,7 +184,7 @@ def test_torchrun_runs_the_train_command(tmp_path):
          "-m", "cli", "train", "--config", "tiny", "--set", "steps=6", "--set",
          "run.eval_every=1000", "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("trained 6/6 steps") == 1  # rank 0 reports, once

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,40 +10,7 @@ from typer.testing import CliRunner
 from cli import app
 from probes.fit.plot import plot_all
 from probes.fit.results import layer0_table
-from probes.fit.run import COLUMNS
 from probes.report.markdown import write_report
-
-
-@pytest.fixture
-def results(tmp_path):
-    rows = []
-    rng = np.random.default_rng(0)
-    tasks = {"delayed_memory": ["label"], "multi_register": ["RA", "RB"]}
-    for task, targets in tasks.items():
-        for target, model, prefill, depth in itertools.product(
-            targets,
-            ["trained", "random_init", "permuted"],
-            ["standard", "recurrent", "full"],
-            range(3),
-        ):
-            counts = ["1-256"] + (["1", "16", "256"] if model == "trained" else [])
-            for c in counts:
-                acc = round(float(rng.uniform(0.5, 1.0)), 4)
-                rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
-                             "distractors": c, "overwrites": "all", "accuracy": acc, "ci_low": acc - 0.05,
-                             "ci_high": min(1.0, acc + 0.05), "chance": 0.5 if task != "multi_register" else 0.25,
-                             "majority": 0.5, "n_examples": 100, "n_groups": 20, "C": 1.0})  # fmt: skip
-            if task == "multi_register" and model == "trained":
-                for k in range(3):
-                    acc = round(float(rng.uniform(0.3, 1.0)), 4)
-                    rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
-                                 "distractors": "1-256", "overwrites": str(k), "accuracy": acc, "ci_low": acc,
-                                 "ci_high": acc, "chance": 0.25, "majority": 0.3, "n_examples": 30, "n_groups": 10, "C": 1.0})  # fmt: skip
-    df = pd.DataFrame(rows).assign(probe="logistic", site="resid")[COLUMNS]
-    res = tmp_path / "res"
-    res.mkdir()
-    df.to_csv(res / "probe_results.csv", index=False)
-    return res, df
 
 
 def test_heatmaps_show_the_tables_numbers(results):

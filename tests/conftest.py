@@ -1,0 +1,75 @@
+"""The fixtures several test files share: the default model, a tiny Llama folder, a small
+fitted results folder and a hand-made results table."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fbt_probe.loading import resolve_model
+from probes.fit.run import COLUMNS
+from tasks.generate import generate_dataset
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    return resolve_model("default")[0].eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from fbt_probe.hf.tiny import model_folder
+
+    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def fitted(tmp_path_factory):
+    """The default model, a small delayed_memory set and its saved probes (two prefills)."""
+    from fbt_probe.loading import resolve_model
+    from probes.fit.run import run_fit
+
+    tmp = tmp_path_factory.mktemp("view")
+    model, name = resolve_model("default")
+    data = generate_dataset(
+        "delayed_memory", tmp / "dm.parquet", n_groups=12, distractors=(1, 6), seed=3
+    )
+    run_fit(model, name, ("delayed_memory",), ("standard", "recurrent"), {"delayed_memory": data},
+            tmp / "fit", controls=False, per_count=False, cache_dir=tmp / "c")  # fmt: skip
+    return model, tmp, data
+
+
+@pytest.fixture
+def results(tmp_path):
+    rows = []
+    rng = np.random.default_rng(0)
+    tasks = {"delayed_memory": ["label"], "multi_register": ["RA", "RB"]}
+    for task, targets in tasks.items():
+        for target, model, prefill, depth in itertools.product(
+            targets,
+            ["trained", "random_init", "permuted"],
+            ["standard", "recurrent", "full"],
+            range(3),
+        ):
+            counts = ["1-256"] + (["1", "16", "256"] if model == "trained" else [])
+            for c in counts:
+                acc = round(float(rng.uniform(0.5, 1.0)), 4)
+                rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
+                             "distractors": c, "overwrites": "all", "accuracy": acc, "ci_low": acc - 0.05,
+                             "ci_high": min(1.0, acc + 0.05), "chance": 0.5 if task != "multi_register" else 0.25,
+                             "majority": 0.5, "n_examples": 100, "n_groups": 20, "C": 1.0})  # fmt: skip
+            if task == "multi_register" and model == "trained":
+                for k in range(3):
+                    acc = round(float(rng.uniform(0.3, 1.0)), 4)
+                    rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
+                                 "distractors": "1-256", "overwrites": str(k), "accuracy": acc, "ci_low": acc,
+                                 "ci_high": acc, "chance": 0.25, "majority": 0.3, "n_examples": 30, "n_groups": 10, "C": 1.0})  # fmt: skip
+    df = pd.DataFrame(rows).assign(probe="logistic", site="resid")[COLUMNS]
+    res = tmp_path / "res"
+    res.mkdir()
+    df.to_csv(res / "probe_results.csv", index=False)
+    return res, df
