@@ -26,3 +26,14 @@ def write_json(doc: dict, path: Path) -> Path:
 def percent(x: float) -> str:
     """A fraction as the report prints it (``–`` for a missing value)."""
     return "–" if x != x else f"{100 * x:.1f} %"
+
+
+# a long table's columns under the names of earlier releases: a results folder written then
+# still reports
+OLD_COLUMNS = {"n_examples": "n", "measure": "metric", "offset": "from_answer"}
+
+
+def read_long_table(path: Path, **read_csv) -> pd.DataFrame:
+    """A long result table (``metric``, ``value``, ``ci_low``, ``ci_high``, ``n``), its
+    columns renamed from their earlier names where it was written before the rename."""
+    return pd.read_csv(path, **read_csv).rename(columns=OLD_COLUMNS)

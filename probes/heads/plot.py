@@ -21,7 +21,7 @@ MAX_PATTERN_HEADS = 32  # a larger model's pattern shows the heads that read the
 def head_matrix(df: pd.DataFrame, task: str, measure: str, k: int) -> pd.DataFrame:
     """Rows: layer; columns: head; the pooled value in pass k."""
     t = task if measure != "induction" else "-"
-    g = df[(df.task == t) & (df.measure == measure) & (df["pass"] == k)
+    g = df[(df.task == t) & (df.metric == measure) & (df["pass"] == k)
            & df.distractors.isin([POOLED, "-"])]  # fmt: skip
     return g.pivot_table(index="layer", columns="head", values="value", aggfunc="first")
 

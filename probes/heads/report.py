@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from probes.analysis import Figure
+from probes.common.tables import read_long_table
 from probes.heads.run import headline
 
 
@@ -16,7 +15,7 @@ def section(results: Path) -> list:
     folder = results / "heads"
     if not (folder / "heads.csv").is_file():
         return []
-    df = pd.read_csv(folder / "heads.csv", dtype={"distractors": str})
+    df = read_long_table(folder / "heads.csv", dtype={"distractors": str})
     tasks = [t for t in dict.fromkeys(df.task) if t != "-"]
     parts = ["## Attention by head and pass (`fbt-probe heads`)", ""]
     parts += [f"- {headline(df, t)}" for t in tasks] + [""]

@@ -37,7 +37,7 @@ from tasks import vocab
 from tasks.base import POOLED
 from tasks.safe_files import atomic_write
 
-COLUMNS = ["task", "measure", "pass", "layer", "head", "distractors", "value", "ci_low",
+COLUMNS = ["task", "metric", "pass", "layer", "head", "distractors", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
 MEASURES = ("prev_token", "label", "label_next", "induction")
 PER_EXAMPLE = MEASURES[:3]
@@ -96,7 +96,7 @@ def _rows(task, measure, cell, v: np.ndarray, boot: GroupBootstrap, shape) -> li
     mean = v.mean(0)
     out = []
     for j, (k, layer, h) in enumerate(np.ndindex(*shape)):
-        out.append({"task": task, "measure": measure, "pass": k + 1, "layer": layer, "head": h,
+        out.append({"task": task, "metric": measure, "pass": k + 1, "layer": layer, "head": h,
                     "distractors": cell, "value": float(mean[j]), "ci_low": float(lo[j]),
                     "ci_high": float(hi[j]), "n": len(v)})  # fmt: skip
     return out
@@ -145,7 +145,7 @@ def headline(df: pd.DataFrame, task: str) -> str:
     strongest previous-token and induction heads."""
 
     def top(measure, t, k):
-        g = df[(df.task == t) & (df.measure == measure) & (df["pass"] == k)]
+        g = df[(df.task == t) & (df.metric == measure) & (df["pass"] == k)]
         g = g[g.distractors.isin([POOLED, "-"])]
         r = g.loc[g.value.idxmax()]
         return f"L{r.layer}H{r['head']} {r.value:.3f}"

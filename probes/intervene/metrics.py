@@ -17,7 +17,7 @@ METRICS = ("accuracy", "flip_rate", "logit_diff")
 
 
 COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
-           "ci_low", "ci_high", "n_examples"]  # fmt: skip
+           "ci_low", "ci_high", "n"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def summarise(rec: Record, pairs: Pairs, task: str, prefill: str, seed: int,
             rows.append({"task": task, "prefill": prefill, "intervention": key.intervention,
                          "site": key.site, "positions": key.positions, "alpha": key.alpha,
                          "metric": metric, "value": float(full), "ci_low": float(lo),
-                         "ci_high": float(hi), "n_examples": len(pairs)})  # fmt: skip
+                         "ci_high": float(hi), "n": len(pairs)})  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 from fbt_probe.patching import STATE_HOOK
 from probes.analysis import Figure
 from probes.common.figures import ordered_prefills
-from probes.common.tables import percent
+from probes.common.tables import percent, read_long_table
 from probes.fit.results import load_results, primary
 from probes.intervene.plot import depth_cells, depth_of, interchange_cells, site_ladder
 from probes.intervene.registry import TOKEN_SITE
@@ -143,7 +143,7 @@ def section(results: Path) -> list:
     folder = results / "interventions"
     if not (folder / "interventions.csv").is_file():
         return []
-    iv = pd.read_csv(folder / "interventions.csv", keep_default_na=True)
+    iv = read_long_table(folder / "interventions.csv", keep_default_na=True)
     fit = results / "probe_results.csv"
     df = (
         primary(load_results(results))

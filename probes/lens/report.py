@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
+from probes.common.tables import read_long_table
 from probes.lens.plot import READ_NAMES, read_order
 from probes.lens.run import headline
 from probes.report.html import heatmap, value_tip
@@ -64,7 +65,7 @@ def section(results: Path) -> list:
     folder = results / "lens"
     if not (folder / "lens.csv").is_file():
         return []
-    ld = pd.read_csv(folder / "lens.csv", dtype={"read": str, "distractors": str})
+    ld = read_long_table(folder / "lens.csv", dtype={"read": str, "distractors": str})
     tasks = list(dict.fromkeys(ld.task))
     parts = ["## What each (pass, depth) predicts (`fbt-probe lens`)", ""]
     parts += [f"- {headline(ld, t)}" for t in tasks] + [""]

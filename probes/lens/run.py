@@ -33,7 +33,7 @@ from tasks.dataset import Dataset
 from tasks.safe_files import atomic_write
 
 COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
-           "n_examples"]  # fmt: skip
+           "n"]  # fmt: skip
 MAX_PASSES = 16
 
 
@@ -134,7 +134,7 @@ def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts
                     if np.isnan(kl).all():
                         continue  # the fed-back state in pass 1
                     base = {"task": task, "lens": name, "read": read, "pass": k + 1,
-                            "distractors": label, "n_examples": int(mask.sum())}  # fmt: skip
+                            "distractors": label, "n": int(mask.sum())}  # fmt: skip
                     for metric, v in (("kl", kl), ("answer_prob", prob),
                                       ("answer_top1", (rank == 0).astype(float))):  # fmt: skip
                         lo, hi = np.percentile(boot.mean(v), [2.5, 97.5])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from probes.analysis import Figure
+from probes.common.tables import read_long_table
 from probes.patch.plot import findings
 
 
@@ -17,7 +16,7 @@ def section(results: Path) -> list:
     folder = results / "patch"
     if not (folder / "patch.csv").is_file():
         return []
-    df = pd.read_csv(folder / "patch.csv")
+    df = read_long_table(folder / "patch.csv")
     meta = json.loads((folder / "patch.json").read_text())
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
     parts = ["## Where the label's difference lives (`fbt-probe patch`)", "",

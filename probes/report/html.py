@@ -215,7 +215,7 @@ def write_page(path: Path, text: str) -> Path:
 
 def value_tip(r, what: str, metric: str) -> str:
     return (f"{what}\n{metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
-            f"n = {int(r.n_examples)} examples")  # fmt: skip
+            f"n = {int(r.n)} examples")  # fmt: skip
 
 
 def rows_grid(g: pd.DataFrame, rows: list, cols: list, title: str, what, metric: str) -> str:

@@ -19,9 +19,9 @@ PCA_EXAMPLES = 120  # examples drawn in the PCA panel (all are in the CSV)
 
 
 def convergence_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
-    """Rows: pass (the last one is 0 by definition and left out); columns: offset."""
-    g = df[(df.task == task) & (df.measure == "convergence")]
-    t = g.pivot_table(index="pass", columns="offset", values="value", aggfunc="first")
+    """Rows: pass (the last one is 0 by definition and left out); columns: from_answer (0: where the answer is next)."""
+    g = df[(df.task == task) & (df.metric == "convergence")]
+    t = g.pivot_table(index="pass", columns="from_answer", values="value", aggfunc="first")
     return t.iloc[:-1]
 
 
@@ -48,7 +48,7 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
     axes[1].set_xlabel("PC 1")
     axes[1].set_ylabel("PC 2")
     axes[1].legend(fontsize=7)
-    flips = df[(df.task == task) & (df.measure == "flip_rate") & (df.distractors != POOLED)].copy()
+    flips = df[(df.task == task) & (df.metric == "flip_rate") & (df.distractors != POOLED)].copy()
     flips["count"] = flips.distractors.astype(int)
     drawn["flips"] = flips.pivot_table(index="count", columns="pass", values="value")
     for i, (k, g) in enumerate(flips.groupby("pass")):
@@ -61,7 +61,7 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
     axes[2].set_ylabel("share of examples whose top token changes")
     axes[2].set_title("answer flips between passes")
     axes[2].legend(fontsize=7, title="pass", ncols=2)
-    gates = df[(df.task == task) & (df.measure == "gate")]
+    gates = df[(df.task == task) & (df.metric == "gate")]
     drawn["gate"] = gates.set_index("token_class").value
     if len(gates):
         axes[3].bar(gates.token_class, gates.value, color=PALETTE[: len(gates)])

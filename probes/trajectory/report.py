@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
+from probes.common.tables import read_long_table
 from probes.report.html import heatmap
 from probes.trajectory.run import headline
 
@@ -15,11 +16,11 @@ from probes.trajectory.run import headline
 def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
     """The trajectory figure's heatmap: each pass's distance to the last, by position
     (coloured on a log scale, bright where the state is still far from its last pass)."""
-    g = tr[(tr.task == task) & (tr.measure == "convergence")].rename(columns={"pass": "k"})
-    g = g[g.k < g.k.max()].astype({"k": int, "offset": int})  # the last pass is at distance 0
+    g = tr[(tr.task == task) & (tr.metric == "convergence")].rename(columns={"pass": "k"})
+    g = g[g.k < g.k.max()].astype({"k": int, "from_answer": int})  # the last pass is at distance 0
     if g.empty:
         return []
-    by = {(r.k, r.offset): r for r in g.itertuples(index=False)}
+    by = {(r.k, r.from_answer): r for r in g.itertuples(index=False)}
     logs = np.log10(np.clip(g.value.to_numpy(dtype=float), 1e-9, None))
 
     def cell(k, offset):
@@ -31,7 +32,7 @@ def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
         return float(np.log10(max(r.value, 1e-9))), tip, f"{r.value:.1g}"
 
     return [heatmap(f"{task}: distance to the last pass, ||h(k) - h(K)|| / ||h(K)||", sorted(set(g.k)),
-                    sorted(set(g.offset)), cell, lo=float(logs.min()), hi=float(logs.max()),
+                    sorted(set(g.from_answer)), cell, lo=float(logs.min()), hi=float(logs.max()),
                     row_name="pass", col_name="position")]  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def section(results: Path) -> list:
     folder = results / "trajectory"
     if not (folder / "trajectory.csv").is_file():
         return []
-    tr = pd.read_csv(folder / "trajectory.csv")
+    tr = read_long_table(folder / "trajectory.csv")
     tasks = list(dict.fromkeys(tr.task))
     parts = ["## How the states move over passes (`fbt-probe trajectory`)", ""]
     parts += [f"- {headline(tr, t)}" for t in tasks] + [""]

@@ -34,7 +34,7 @@ from tasks.base import POOLED
 from tasks.dataset import Dataset
 from tasks.safe_files import atomic_write
 
-COLUMNS = ["task", "measure", "pass", "offset", "distractors", "token_class", "value", "ci_low",
+COLUMNS = ["task", "metric", "pass", "from_answer", "distractors", "token_class", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
 MAX_PASSES, WINDOW = 64, 32  # positions before the read one shown in the convergence map
 CLASSES = ("label-bearing", "colon", "distractor", "other")
@@ -110,8 +110,8 @@ def summarise(task: str, ds: Dataset, got: dict, seed: int, n_boot: int = N_BOOT
             v = got["dist"][:, k, o]
             v = v[~np.isnan(v)]
             if len(v):
-                rows.append({**base, "task": task, "measure": "convergence", "pass": k + 1,
-                             "offset": o - WINDOW, "value": float(v.mean()), "n": len(v)})  # fmt: skip
+                rows.append({**base, "task": task, "metric": "convergence", "pass": k + 1,
+                             "from_answer": o - WINDOW, "value": float(v.mean()), "n": len(v)})  # fmt: skip
     counts = ds.n_distractors
     cells = [(POOLED, np.ones(len(ds), bool))] + [
         (str(int(c)), counts == c) for c in np.unique(counts)
@@ -121,14 +121,14 @@ def summarise(task: str, ds: Dataset, got: dict, seed: int, n_boot: int = N_BOOT
         for k in range(passes):
             acc = got["correct"][mask, k].astype(float)
             cell = {**base, "task": task, "pass": k + 1, "distractors": label, "n": int(mask.sum())}
-            rows.append({**cell, "measure": "accuracy", **_vals(_mean_ci(acc, boot))})
+            rows.append({**cell, "metric": "accuracy", **_vals(_mean_ci(acc, boot))})
             if k:
                 flip = (got["top"][mask, k] != got["top"][mask, k - 1]).astype(float)
-                rows.append({**cell, "measure": "flip_rate", **_vals(_mean_ci(flip, boot))})
+                rows.append({**cell, "metric": "flip_rate", **_vals(_mean_ci(flip, boot))})
     for c, vals in zip(CLASSES, got["gates"], strict=True):
         if vals:
             v = np.asarray(vals)
-            rows.append({**base, "task": task, "measure": "gate", "token_class": c,
+            rows.append({**base, "task": task, "metric": "gate", "token_class": c,
                          "value": float(v.mean()), "ci_low": float(np.percentile(v, 2.5)),
                          "ci_high": float(np.percentile(v, 97.5)), "n": len(v)})  # fmt: skip
     return rows
@@ -151,15 +151,15 @@ def pca_rows(task: str, ds: Dataset, read: np.ndarray) -> tuple[pd.DataFrame, li
 
 def headline(df: pd.DataFrame, task: str) -> str:
     g = df[df.task == task]
-    acc = g[(g.measure == "accuracy") & (g.distractors == POOLED)].sort_values("pass")
-    flips = g[(g.measure == "flip_rate") & (g.distractors == POOLED)].sort_values("pass")
-    conv = g[(g.measure == "convergence") & (g.offset == 0)].sort_values("pass")
+    acc = g[(g.metric == "accuracy") & (g.distractors == POOLED)].sort_values("pass")
+    flips = g[(g.metric == "flip_rate") & (g.distractors == POOLED)].sort_values("pass")
+    conv = g[(g.metric == "convergence") & (g.from_answer == 0)].sort_values("pass")
     line = (f"{task}: answer top-1 by pass " + " / ".join(f"{v:.3f}" for v in acc.value)
             + "; flips pass 1->2 " + (f"{flips.value.iloc[0]:.3f}" if len(flips) else "-"))  # fmt: skip
     if len(conv) > 2:
         line += (f"; distance to pass {len(conv)} at the read position: pass 2 "
                  f"{conv.value.iloc[1]:.3g}, pass {len(conv) - 1} {conv.value.iloc[-2]:.3g}")  # fmt: skip
-    gates = g[g.measure == "gate"]
+    gates = g[g.metric == "gate"]
     if len(gates):
         line += "; mean gate " + ", ".join(
             f"{r.token_class} {r.value:.3f}" for _, r in gates.iterrows()
@@ -195,7 +195,7 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
         p, var[t] = pca_rows(t, ds, got["read"])
         pcas.append(p)
     df, pca = pd.DataFrame(rows, columns=COLUMNS), pd.concat(pcas, ignore_index=True)
-    df = df.astype({"pass": "Int64", "offset": "Int64", "n": "Int64"})
+    df = df.astype({"pass": "Int64", "from_answer": "Int64", "n": "Int64"})
     out.mkdir(parents=True, exist_ok=True)
     for frame, stem in ((df, "trajectory"), (pca, "trajectory_pca")):
         atomic_write(

@@ -238,7 +238,7 @@ def test_heads_command_on_the_default_model(tmp_path):
     L, H = model.cfg.n_layers, model.n_heads
     df = pd.read_csv(out / "heads.csv", dtype={"distractors": str})
     assert len(df) == 2 * L * H * (3 * 3 + 1)  # three measures x 3 cells, and induction
-    assert set(df.measure) == {"prev_token", "label", "label_next", "induction"}
+    assert set(df.metric) == {"prev_token", "label", "label_next", "induction"}
     assert ((df.ci_low <= df.value + 1e-9) & (df.value <= df.ci_high + 1e-9)).all()
     assert df.value.between(0, 1).all()
     pat = pd.read_csv(out / "heads_pattern.csv")

@@ -219,7 +219,7 @@ def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
     # steering at alpha 0 is the clean run
     zero = df[(df.intervention == "steer_probe") & (df.alpha == 0) & (df.metric == "logit_diff")]
     np.testing.assert_allclose(zero.value, 1.0, atol=1e-5)
-    assert info["patched_runs"] > 0 and len(pairs) == df.n_examples.iloc[0]
+    assert info["patched_runs"] > 0 and len(pairs) == df.n.iloc[0]
 
 
 def test_steering_moves_the_projection_by_alpha_sigmas(tmp_path):

@@ -173,7 +173,7 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
             v = float(rng.uniform())
             iv.append(dict(task="dm", prefill=prefill, intervention="interchange_state", site=STATE_HOOK,
                            positions=w, alpha=np.nan, metric="flip_rate", value=v, ci_low=v - 0.1,
-                           ci_high=v + 0.1, n_examples=64))  # fmt: skip
+                           ci_high=v + 0.1, n=64))  # fmt: skip
         for d in range(3):
             site = f"blocks.{d}.hook_resid_pre"
             for name, alpha in (
@@ -183,13 +183,13 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
             ):
                 v = float(rng.uniform())
                 iv.append(dict(task="dm", prefill=prefill, intervention=name, site=site, positions="colon",
-                               alpha=alpha, metric="accuracy", value=v, ci_low=v, ci_high=v, n_examples=64))  # fmt: skip
+                               alpha=alpha, metric="accuracy", value=v, ci_low=v, ci_high=v, n=64))  # fmt: skip
     iv = pd.DataFrame(iv)
     ld = pd.DataFrame([dict(task="dm", lens="logit", read=r, distractors="1-256", metric=m,
-                            value=float(rng.uniform(0.001, 2)), ci_low=0.0, ci_high=3.0, n_examples=32, **{"pass": k})
+                            value=float(rng.uniform(0.001, 2)), ci_low=0.0, ci_high=3.0, n=32, **{"pass": k})
                        for k in (1, 2) for r in ("fed_state", "0", "1") for m in ("kl", "answer_prob")
                        if not (k == 1 and r == "fed_state")])  # fmt: skip
-    tr = pd.DataFrame([dict(task="dm", measure="convergence", offset=o, value=10.0 ** -k, n=16, **{"pass": k})
+    tr = pd.DataFrame([dict(task="dm", metric="convergence", from_answer=o, value=10.0 ** -k, n=16, **{"pass": k})
                        for k in (1, 2, 3) for o in (-2, -1, 0)])  # fmt: skip
     html = "".join(interchange(iv, "dm"))
     assert html.count('class="cell"') == 6

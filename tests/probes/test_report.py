@@ -92,7 +92,7 @@ def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0)
         for metric, v in zip(("accuracy", "flip_rate", "logit_diff"), values, strict=True):
             rows.append({"task": "delayed_memory", "prefill": "recurrent", "intervention": intervention,
                          "site": site, "positions": positions, "alpha": alpha, "metric": metric,
-                         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "n_examples": 100})  # fmt: skip
+                         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "n": 100})  # fmt: skip
 
     nan = float("nan")
     add("self", STATE_HOOK, "all", nan, (clean_acc, 0.0, 1.0))

@@ -64,13 +64,13 @@ def test_trajectory_command_on_the_default_model(tmp_path):
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "trajectory.csv")
     assert list(df.columns) == COLUMNS
-    assert set(df.measure) == {"convergence", "accuracy", "flip_rate", "gate"}
-    conv = df[df.measure == "convergence"]
-    assert set(conv["pass"]) == {1, 2, 3, 4} and conv.offset.max() == 0
+    assert set(df.metric) == {"convergence", "accuracy", "flip_rate", "gate"}
+    conv = df[df.metric == "convergence"]
+    assert set(conv["pass"]) == {1, 2, 3, 4} and conv.from_answer.max() == 0
     assert (conv[conv["pass"] == 4].value == 0).all()
-    flips = df[df.measure == "flip_rate"]
+    flips = df[df.metric == "flip_rate"]
     assert set(flips["pass"]) == {2, 3, 4} and set(flips.distractors) == {"1-256", "1", "6"}
-    assert set(df[df.measure == "gate"].token_class) == set(CLASSES)
+    assert set(df[df.metric == "gate"].token_class) == set(CLASSES)
     pca = pd.read_csv(out / "trajectory_pca.csv")
     assert len(pca) == 16 * 4 and set(pca.label) == {"ZERO", "ONE"}
     meta = json.loads((out / "trajectory.json").read_text())
@@ -88,7 +88,7 @@ def test_trajectory_command_on_a_hugging_face_model(tiny_llama, tmp_path):
                                  "--out", str(out), "-p", "k3"])  # fmt: skip
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "trajectory.csv")
-    assert set(df[df.measure == "convergence"]["pass"]) == {1, 2, 3}
+    assert set(df[df.metric == "convergence"]["pass"]) == {1, 2, 3}
     assert (out / "figures" / "trajectory_done_tracking.png").stat().st_size > 0
 
 
