@@ -23,7 +23,7 @@ class InterveneOptions(Common):
     probes: Path | None = option(None, "--probes")
     """A fit's results folder whose saved probes give the steering directions (default: per fold)."""
     intervention: str | None = option(None, "--intervention", "-i")
-    """Run only these kinds (comma-separated; default all): self, interchange_state, zero_state, ..., or one registered with probes.register_intervention."""
+    """Run only these kinds (comma-separated; default all): {interventions}, or one registered with probes.register_intervention."""
     seed: int = option(0, "--seed")
     """Fold, bootstrap and random-direction seed."""
     random_init: bool = option(False, "--random-init")
