@@ -19,6 +19,7 @@ from fbt_probe.config import FBTConfig
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.stack import FBTModel
 from tasks import vocab
+from tasks.safe_files import atomic_write
 
 WEIGHTS, CONFIG, META = "model.safetensors", "config.json", "meta.json"
 
@@ -42,7 +43,6 @@ def model_hash(model: FeedbackModel) -> str:
 
 def write_text(path: Path, text: str) -> None:
     """A whole file or none: a full disk leaves no 0-byte config or meta file."""
-    from tasks.safe_files import atomic_write
 
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
@@ -51,7 +51,6 @@ def save_model(model: FBTModel, folder: str | Path, extra_meta: dict | None = No
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    from tasks.safe_files import atomic_write
 
     atomic_write(
         folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "fbt-probe"})

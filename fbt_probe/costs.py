@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from fbt_probe.config import FBTConfig
+from fbt_probe.stack import FBTModel
+from fbt_probe.train.steps import plan_of
 
 
 def param_formula(cfg: FBTConfig) -> dict[str, int]:
@@ -22,7 +24,6 @@ def param_formula(cfg: FBTConfig) -> dict[str, int]:
 
 def count_on_meta(cfg: FBTConfig) -> int:
     """Parameters of the real module, built on the meta device (nothing is allocated)."""
-    from fbt_probe.stack import FBTModel
 
     with torch.device("meta"):
         model = FBTModel(cfg)
@@ -64,7 +65,6 @@ def memory_per_rank(n_params: int, world_size: int, sharded: bool) -> dict[str, 
 
 def dry_run(cfg, world_size: int = 8) -> str:
     """The report ``fbt-probe train --dry-run`` prints for a recipe (``TrainConfig``)."""
-    from fbt_probe.train.steps import plan_of
 
     m = cfg.model
     n = count_on_meta(m)

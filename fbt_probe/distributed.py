@@ -9,11 +9,16 @@ fixed-point choice are the same at every world size and the collectives always l
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fbt_probe.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,6 @@ def rank_device(device: torch.device, world: World) -> torch.device:
 def place(device: str) -> tuple[torch.device, World]:
     """``--device`` checked, and this process's rank: under torchrun each rank of a machine
     takes its own GPU; a single process is rank 0 of 1."""
-    from fbt_probe.device import resolve_device
 
     dev = resolve_device(device)
     world = world_from_env(dev)
@@ -101,10 +105,6 @@ def spawn_local(fn, size: int, *args, threads: int = 0) -> None:
     "forkserver" start method): the first call pays those imports (about 2.5 s on 2 cores),
     later calls start in milliseconds instead of importing them again in every process. The
     server never runs a torch operation, so what is forked holds no threads or process group."""
-    import multiprocessing
-    import socket
-
-    import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

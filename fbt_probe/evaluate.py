@@ -6,10 +6,14 @@ import numpy as np
 import torch
 
 from fbt_probe.decode import generate_ragged
+from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.hf import require_tokenizer
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import MODES, decode_mode
-from tasks import TASK_NAMES, get_task, vocab
+from tasks import TASK_NAMES, get_task, task_names, vocab
 from tasks.base import DEFAULT_DISTRACTORS, POOLED
+from tasks.generate import check_memory
 
 STREAM_HELDOUT = 3  # held-out evaluation: a seed stream of its own, never trained or probed on
 EVAL_SEED = 4321
@@ -108,11 +112,6 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
     """``fbt-probe eval``: the model ``model`` names on ``task`` (a name, a comma-separated list
     or 'all': every task its tokenizer can score) in each decoding mode of ``modes``.
     Returns (model name, summary, per_register, {skipped task: why})."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.hf import require_tokenizer
-    from fbt_probe.loading import resolve_model
-    from tasks import task_names
-    from tasks.generate import check_memory
 
     task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
     for t in task_list:

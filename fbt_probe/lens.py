@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from fbt_probe.feedback import FeedbackModel
+from tasks.safe_files import atomic_write
 
 RIDGE = 1e-3  # relative to the mean diagonal of X^T X: keeps a near-singular depth solvable
 TRANSLATORS, INDEX = "translators.safetensors", "tuned_lens.json"
@@ -47,9 +49,6 @@ class Translators:
         return x @ self.A[depth].to(x) + self.b[depth].to(x)
 
     def save(self, folder: str | Path) -> Path:
-        from safetensors.torch import save_file
-
-        from tasks.safe_files import atomic_write
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -64,7 +63,6 @@ class Translators:
     @classmethod
     def load(cls, folder: str | Path, model: FeedbackModel, mhash: str) -> Translators:
         """A saved tuned lens, refused in one line unless it was fitted on this model."""
-        from safetensors.torch import load_file
 
         folder = Path(folder)
         index, weights = folder / INDEX, folder / TRANSLATORS

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from fbt_probe.checkpoint import load_model
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.hf import FUSION_CONFIG, HFFeedbackModel, is_hf_folder, load_hf, random_init_hf
 from fbt_probe.stack import FBTModel
 
 DEFAULTS = Path(__file__).resolve().parent / "defaults"
@@ -42,7 +44,6 @@ def _load(spec, device) -> tuple[FeedbackModel, str]:
                 "train it with 'fbt-probe train' or pass --model DIR"
             )
         return load_model(DEFAULT_MODEL_DIR, device), "default"
-    from fbt_probe.hf import is_hf_folder, load_hf
 
     path = model_folder(spec)
     if not path.exists() and str(spec) in SHIPPED:
@@ -60,7 +61,6 @@ def _load(spec, device) -> tuple[FeedbackModel, str]:
 
 def model_folder(spec: str | Path) -> Path:
     """The model folder ``spec`` names: itself, or a training run folder's ``model/``."""
-    from fbt_probe.hf import FUSION_CONFIG
 
     path = Path(spec)
     marks = ("config.json", FUSION_CONFIG)
@@ -73,7 +73,6 @@ def model_folder(spec: str | Path) -> Path:
 
 def random_init_like(model: FeedbackModel, seed: int = 0) -> FeedbackModel:
     """A random-init model of the same config: the control every probe is compared to."""
-    from fbt_probe.hf import HFFeedbackModel, random_init_hf
 
     if isinstance(model, HFFeedbackModel):
         return random_init_hf(model, seed)
@@ -83,7 +82,6 @@ def random_init_like(model: FeedbackModel, seed: int = 0) -> FeedbackModel:
 
 def install_default(run_dir: str | Path) -> Path:
     """Copy a finished run's model (with its metrics and config) into the package default."""
-    import shutil
 
     run = Path(run_dir)
     src = run / "model"

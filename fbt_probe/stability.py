@@ -16,8 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from fbt_probe.decode import generate
+from fbt_probe.evaluate import heldout_examples
 from fbt_probe.feedback import FeedbackModel, check_context
+from fbt_probe.hf import HFFeedbackModel, copy_hf
 from fbt_probe.stack import FBTModel
+from fbt_probe.train.steps import make_batch
 
 
 @dataclass
@@ -36,8 +39,6 @@ def heldout_batch(
 ) -> HeldoutBatch:
     """Held-out examples of ``tasks``, encoded with ``encoding`` (a model's tokenizer) or
     the word vocabulary."""
-    from fbt_probe.evaluate import heldout_examples
-    from fbt_probe.train.steps import make_batch
 
     exs = [ex for t in tasks for ex in heldout_examples(t, n_groups, distractors)]
     b = make_batch(exs, encoding=encoding)
@@ -53,7 +54,6 @@ def _feedback_step(
 
 
 def float64_copy(model: FeedbackModel) -> FeedbackModel:
-    from fbt_probe.hf import HFFeedbackModel, copy_hf
 
     if isinstance(model, HFFeedbackModel):
         return copy_hf(model, torch.float64)

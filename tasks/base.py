@@ -7,6 +7,7 @@ with fresh distractors, so every rendering of a group carries the same label.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,7 +73,6 @@ def task_code(task: str) -> int:
     for tasks registered later (so a new task never shifts another task's draws)."""
     if task in TASK_CODES:
         return TASK_CODES[task]
-    import hashlib
 
     return 1000 + int(hashlib.sha256(task.encode()).hexdigest()[:8], 16)
 

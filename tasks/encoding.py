@@ -18,6 +18,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import vocab
 from tasks.base import Example, Twin
 
 
@@ -72,7 +73,6 @@ class TokenizerEncoding:
     def check_colon(self) -> None:
         """The colon every prompt ends with must be a token of its own: one the tokenizer
         knows (not its unknown token), or no prompt can be read at it."""
-        from tasks import vocab
 
         ids = self._ids(f"x {vocab.COLON}")["input_ids"]
         unk = self.tok.unk_token_id

@@ -14,7 +14,7 @@ from tasks.base import (
     generate_groups,
     generate_twins,
 )
-from tasks.dataset import build_meta, content_hash, to_table, write_table
+from tasks.dataset import build_meta, content_hash, parse_distractors, to_table, write_table
 from tasks.safe_files import check_output_file, claim
 
 DEFAULT_N_GROUPS = 128
@@ -164,7 +164,6 @@ def generate_task(*, task: str, out: str | Path | None = None, n_groups: int = D
                   progress=None) -> tuple[Path, tuple[int, ...]]:  # fmt: skip
     """``fbt-probe generate``: ``generate_dataset`` with the counts as the command line gives
     them ('0,1,4', '0-16', 'default'). Returns the file written and the counts."""
-    from tasks.dataset import parse_distractors
 
     get_task(task)
     counts = parse_distractors(distractors)

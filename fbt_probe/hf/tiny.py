@@ -5,11 +5,14 @@ byte-level BPE trained on task text, and model folders written with save_pretrai
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from tasks import vocab
+from fbt_probe.hf.folders import quiet
+from tasks import get_task, vocab
 
 VOCAB = 61  # a model without a tokenizer (the wrapper's own tests)
 FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
@@ -28,11 +31,8 @@ def word_tokenizer():
 
 def bpe_tokenizer(size: int = 300):
     """A byte-level BPE trained on rendered task text: labels split into several tokens."""
-    import numpy as np
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
-
-    from tasks import get_task
 
     rng = np.random.default_rng(0)
     text = []
@@ -69,7 +69,6 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
 
 def model_folder(out: str | Path, family: str, tokenizer=None, seed: int = 0) -> Path:
     """A save_pretrained folder: a tiny random model of ``family`` and its tokenizer."""
-    from fbt_probe.hf.folders import quiet
 
     quiet()
     tok = tokenizer if tokenizer is not None else word_tokenizer()
@@ -93,7 +92,6 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
     """A GGUF file of a tiny random Llama (fp32 tensors) with a byte-level BPE, as llama.cpp's
     converter writes one: what ``fbt-probe convert`` is tested on. Returns the Hugging Face
     model and tokenizer it holds."""
-    import json
 
     import gguf
 

@@ -18,12 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from fbt_probe.checkpoint import save_model, write_text
-from fbt_probe.distributed import World
+from fbt_probe.device import resolve_device
+from fbt_probe.distributed import World, place, rank_device
+from fbt_probe.hf import base_folder, read_fusion_config, save_fusion, save_hf
+from fbt_probe.loading import install_default
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.config import TrainConfig
 from fbt_probe.train.objective import quick_eval, smear_hooks, train_step
+from fbt_probe.train.recipes import build_recipe
 from fbt_probe.train.start import init_folder
 from fbt_probe.train.state import (
     Divergence,
@@ -45,7 +50,6 @@ from tasks.safe_files import claim
 
 def autocast(cfg: TrainConfig, dev: torch.device):
     """bf16 autocast on CUDA when the recipe asks for it (``run.bf16``); otherwise nothing."""
-    from contextlib import nullcontext
 
     if cfg.run.bf16 and dev.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -56,7 +60,6 @@ def parallel(model, world: World, fsdp: bool):
     """The module the steps run: DistributedDataParallel under torchrun, else the model."""
     if world.size == 1 or fsdp:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     # find_unused_parameters: a one-pass step never reaches the fusion's parameters, and
     # which steps are one-pass changes along the schedule, so the graph is not static
@@ -236,7 +239,6 @@ def save_run_model(model, cfg: TrainConfig, folder: Path, meta: dict) -> None:
     if isinstance(model, FBTModel):
         save_model(model, folder, extra_meta=meta)
         return
-    from fbt_probe.hf import base_folder, read_fusion_config, save_fusion, save_hf
 
     extra = {"fbt_probe_meta.json": json.dumps(meta, indent=2) + "\n"}
     if cfg.optim.learn == "all":
@@ -286,8 +288,6 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, progress, stop_after: int 
 
 def rank_device_of(device: str, world: World):
     """``--device`` for this rank of ``world`` (its own GPU on CUDA)."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.distributed import rank_device
 
     return rank_device(resolve_device(device), world)
 
@@ -302,9 +302,6 @@ def train_recipe(*, config: str | None = None, overrides: list[str] | None = Non
     (default runs/<name>), then, with ``as_default``, installed as the built-in model.
     ``bars(label, total)`` makes the progress bar. Returns (metrics, run folder, recipe);
     under torchrun rank 0 reports and installs."""
-    from fbt_probe.distributed import place
-    from fbt_probe.loading import install_default
-    from fbt_probe.train.recipes import build_recipe
 
     if resume and out is None:
         raise ValueError("--resume needs --out, the run folder to continue")

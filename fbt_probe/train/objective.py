@@ -22,6 +22,7 @@ from fbt_probe.train.steps import (
     make_batch,
     step_parts,
 )
+from tasks import get_task
 from tasks.base import MAX_DISTRACTORS
 
 STREAM_EVAL = 2  # held-out evaluation during training: neither training nor probe data
@@ -110,7 +111,6 @@ def quick_eval(model: FeedbackModel, cfg: TrainConfig, passes: int = 2) -> dict:
     was = model.training
     model.eval()
     rng = np.random.default_rng(np.random.SeedSequence([cfg.run.seed, STREAM_EVAL]))
-    from tasks import get_task
 
     res = {}
     for task in cfg.tasks:

@@ -10,6 +10,7 @@ import torch
 
 from fbt_probe.config import TOP
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.loading import model_folder, resolve_model
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.config import TrainConfig
 
@@ -46,14 +47,12 @@ def build_model(cfg: TrainConfig):
 
 def init_folder(cfg: TrainConfig) -> Path:
     """The model folder ``cfg.init_from`` names (a run folder stands for its ``model/``)."""
-    from fbt_probe.loading import model_folder
 
     return model_folder(cfg.init_from)
 
 
 def initial_weights(cfg: TrainConfig) -> FBTModel:
     """The model ``cfg.init_from`` names, checked against ``cfg.model``."""
-    from fbt_probe.loading import resolve_model
 
     src, _ = resolve_model(cfg.init_from)
     mine = cfg.model.to_dict()

@@ -3,6 +3,7 @@ checkpoint holds, what --resume checks before anything is written, and divergenc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from fbt_probe.checkpoint import write_text
 from fbt_probe.distributed import World
@@ -28,6 +30,7 @@ from fbt_probe.train.start import (
     set_learning,
 )
 from tasks.base import MAX_DISTRACTORS
+from tasks.generate import MEMORY_SHARE, machine_memory
 from tasks.safe_files import atomic_write, check_output_dir
 
 
@@ -159,7 +162,6 @@ def run_identity(cfg: TrainConfig) -> str:
     """The SHA-256 of the recipe as trained (seed included, sharding not: a run may be
     resumed with or without FSDP); a checkpoint records it, so one that another recipe or
     seed wrote, or a recipe edited since, is refused on resume."""
-    import hashlib
 
     text = json.dumps(without_sharding(cfg).to_dict(), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -197,7 +199,6 @@ def check_resume(cfg: TrainConfig, out: Path, dev) -> dict:
 def check_saved_weights(folder: Path) -> None:
     """The weights a run folder's ``model/`` holds can be read (a resumed run replaces them
     only at its end: a damaged file is refused before, not found after)."""
-    from safetensors import safe_open
 
     for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else ():
         try:
@@ -216,7 +217,6 @@ def check_activation_memory(cfg: TrainConfig, d_model: int, n_layers: int, world
     longest examples, kept for the backward pass, and its gradient (the attention, the MLP
     and the optimiser need more), against the same share of the machine's memory that
     ``generate`` and ``eval`` plan with (a GPU's own memory on CUDA)."""
-    from tasks.generate import MEMORY_SHARE, machine_memory
 
     n_max = max((p.n_max for p in cfg.schedule if p.n_max is not None), default=MAX_DISTRACTORS)
     deepest = max((len(p.passes) for p in cfg.schedule if p.passes is not None), default=1)

@@ -9,6 +9,7 @@ without changing what any row sees. ``stream_digest`` fingerprints a recipe's wh
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -164,7 +165,6 @@ def stream_digest(cfg: TrainConfig, every: int = 100) -> dict:
     the batch's tokens, the prefix lengths, the frozen prefixes, the jitter seed and the
     learning rate. Equal digests mean the same training run, step by step. Also returns one
     short digest for each ``every`` steps, to find where two streams part."""
-    import hashlib
 
     stream = cfg.stream()
     total, chunk, chunks = hashlib.sha256(), hashlib.sha256(), []

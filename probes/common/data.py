@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fbt_probe.hf import require_tokenizer
+from fbt_probe.hf import HFFeedbackModel, require_tokenizer
 from tasks import get_task, task_names
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
@@ -46,7 +46,6 @@ def load_or_generate(
 
 def check_encoding(ds: Dataset, model, path) -> None:
     """A dataset is read only by a model with the tokenizer it was encoded with."""
-    from fbt_probe.hf import HFFeedbackModel
 
     tok = ds.meta.get("tokenizer")
     if isinstance(model, HFFeedbackModel):

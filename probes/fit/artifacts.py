@@ -16,14 +16,17 @@ linear probes, ``direction()`` (what steering and erasure need).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
 from safetensors.numpy import load_file, save_file
+from sklearn.exceptions import ConvergenceWarning
 
 from probes.fit.probe import probe_class
+from tasks.safe_files import atomic_write
 
 WEIGHTS, INDEX = "probes.safetensors", "probes.json"
 
@@ -45,9 +48,6 @@ class SavedProbe:
 
 
 def _fit(probe: str, reg: float, X, y):
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
 
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     return probe_class(probe)(reg).fit(X, y)
@@ -55,7 +55,6 @@ def _fit(probe: str, reg: float, X, y):
 
 def fit_and_save(folder, cells, data, probe: str, run_meta: dict, n_jobs: int = 2) -> Path:
     """Refit ``probe`` on each cell's (X, y) and write the folder (atomically per file)."""
-    from tasks.safe_files import atomic_write
 
     fitted = Parallel(n_jobs=n_jobs)(
         delayed(_fit)(probe, c.C, X, y) for c, (X, y) in zip(cells, data, strict=True)

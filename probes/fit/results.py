@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -89,7 +90,6 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
 def entry_depth(results: str | Path) -> int:
     """The depth where a fit's model takes its feedback (``probe_results.json``; 0 for a fit
     written before designs had an entry of their own)."""
-    import json
 
     meta = json.loads((Path(results) / "probe_results.json").read_text())
     return int(meta.get("entry_depth", 0)) if isinstance(meta, dict) else 0

@@ -18,22 +18,28 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import sklearn
+import torch
 from joblib import Parallel, delayed
 
 from fbt_probe import __version__
 from fbt_probe.checkpoint import model_hash
+from fbt_probe.distributed import place
 from fbt_probe.feedback import FeedbackModel
-from fbt_probe.loading import random_init_like
-from fbt_probe.prefill import PREFILLS, parse_prefill
+from fbt_probe.loading import random_init_like, resolve_model
+from fbt_probe.prefill import PREFILLS, parse_prefill, parse_prefills
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
+from probes.fit.artifacts import fit_and_save
 from probes.fit.cv import N_FOLDS, fit_cell, permute_by_group
+from probes.fit.plot import plot_all
 from probes.fit.probe import probe_class
+from probes.fit.results import entry_depth, format_layer0, layer0_table
 from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import claims
+from tasks.safe_files import atomic_write, check_output_dir, claims
 
 COLUMNS = [
     "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
@@ -225,7 +231,6 @@ def fit_meta(model, model_name, models, datasets, prefills, probe, sites, skippe
 
 def save_pooled_probes(rows, data_of, grid, probe, meta, folder: Path, n_jobs: int) -> None:
     """Every trained pooled cell's probe, refit on all its data, as artifacts in ``folder``."""
-    from probes.fit.artifacts import fit_and_save
 
     trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
                and r["overwrites"] == "all"]  # fmt: skip
@@ -241,10 +246,6 @@ def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
     """``fbt-probe fit``: the protocol on the model ``model`` names ('default' or a folder),
     checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
     and writes; returns (results, model name), or None on the other ranks."""
-    from fbt_probe.distributed import place
-    from fbt_probe.loading import resolve_model
-    from fbt_probe.prefill import parse_prefills
-    from tasks.safe_files import check_output_dir
 
     prefills = tuple(p.name for p in parse_prefills(prefill, passes))
     task_list, data_map = tasks_and_data(task, data)
@@ -325,15 +326,11 @@ def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
 
 
 def versions() -> dict:
-    import sklearn
-    import torch
-
     return {"fbt_probe": __version__, "python": platform.python_version(), "torch": torch.__version__,
             "sklearn": sklearn.__version__, "numpy": np.__version__, "vocab": vocab.VOCAB_VERSION}  # fmt: skip
 
 
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
-    from tasks.safe_files import atomic_write
 
     atomic_write(
         out / "probe_results.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")
@@ -347,7 +344,6 @@ def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
 def run(options, progress=None) -> Result:
     """The ``fit`` analysis (``probes.fit.FitOptions``): the protocol, then the table at the
     feedback's entry depth in the lines it reports."""
-    from probes.fit.results import entry_depth, format_layer0, layer0_table
 
     done = fit(model=options.model, task=options.task, prefill=options.prefill,
                data=options.data, out=options.out, seed=options.seed, folds=options.folds,
@@ -369,8 +365,6 @@ def run(options, progress=None) -> Result:
 def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
     """``fbt-probe reproduce``'s fit: every task, prefill and control into ``results``, its
     figures, and the table at the feedback's entry depth."""
-    from probes.fit.plot import plot_all
-    from probes.fit.results import format_layer0, layer0_table
 
     df = run_fit(model, name, out_dir=results, progress=progress)
     plot_all(results)

@@ -28,14 +28,19 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.device import resolve_device
 from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
+from probes.common.data import load_or_generate, tasks_and_data
+from probes.common.extract import max_batch_tokens
 from probes.common.twins import Pairs, batches, pairs_of
 from probes.fit.cv import N_BOOT, GroupBootstrap
+from probes.heads.plot import plot_heads
 from tasks import vocab
 from tasks.base import POOLED
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, check_output_dir
 
 COLUMNS = ["task", "metric", "pass", "layer", "head", "distractors", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -56,7 +61,6 @@ def collect(model, pairs: Pairs, passes: int, show: int, batch_size: int, progre
             task: str = "") -> dict:  # fmt: skip
     """(passes, layers, pairs, heads) of each ``PER_EXAMPLE`` measure, and the shown example's
     rows (passes, layers, heads, key_pos)."""
-    from probes.common.extract import max_batch_tokens
 
     device = next(model.parameters()).device
     L, H, n = model.cfg.n_layers, model.n_heads, len(pairs)
@@ -163,11 +167,6 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
           data: str | Path | None = None, out: str | Path = "results/heads", seed: int = 0,
           batch_size: int = 64, device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """``fbt-probe heads`` (see the module docstring); every argument is checked first."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.loading import resolve_model
-    from probes.common.data import load_or_generate, tasks_and_data
-    from probes.heads.plot import plot_heads
-    from tasks.safe_files import check_output_dir
 
     out, t0 = Path(out), time.monotonic()
     if not 1 <= passes <= MAX_PASSES:

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from concept_erasure import LeaceEraser
 
 from probes.common.twins import Pairs
+from probes.fit.probe import probe_class
 
 DIRECTION_C = 0.1  # regularisation of the per-fold probes steering uses when none is saved
 
@@ -41,7 +43,6 @@ def class_vectors(coef: np.ndarray, classes) -> dict[str, np.ndarray]:
 def fit_leace(X: np.ndarray, z: np.ndarray):
     """LEACE (``concept_erasure.LeaceEraser``) of one-hot concept ``z`` from features X, in
     float64: (proj_left (d, k), proj_right (k, d), bias (d,))."""
-    from concept_erasure import LeaceEraser
 
     e = LeaceEraser.fit(torch.from_numpy(X).double(), torch.from_numpy(z).double())
     bias = e.bias if e.bias is not None else torch.zeros(X.shape[1], dtype=torch.float64)
@@ -74,7 +75,6 @@ def depth_tools(
     ``feats`` (n, d): the clean features of every pair at this depth; ``classes``: per target
     its label words; ``folds``: per fold the indices it holds out; ``saved``: {target: (coef,
     classes)} of saved linear probes, or None to fit a logistic probe on each fold's rest."""
-    from probes.fit.probe import probe_class
 
     n, d = feats.shape
     k = max(len(c) for c in classes.values())

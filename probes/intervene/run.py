@@ -25,10 +25,13 @@ import pandas as pd
 import torch
 
 from fbt_probe.checkpoint import model_hash
+from fbt_probe.distributed import place
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.loading import random_init_like, resolve_model
 from fbt_probe.patching import clean_run, patched_output
-from fbt_probe.prefill import Prefill, parse_prefill
+from fbt_probe.prefill import Prefill, parse_prefill, parse_prefills
 from probes.analysis import Result
+from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
 from probes.common.twins import (
     WINDOWS,
@@ -41,13 +44,17 @@ from probes.common.twins import (
     pairs_of,
     window_mask,
 )
+from probes.fit.artifacts import load_probes
 from probes.fit.cv import N_BOOT, grouped_splits
+from probes.fit.run import versions
 from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
+from probes.intervene.plot import plot_interventions
 from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_interventions, specs
-from tasks import target_names
+from probes.intervene.report import headline, headlines
+from tasks import get_task, target_names
 from tasks.dataset import Dataset
-from tasks.safe_files import claims
+from tasks.safe_files import atomic_write, check_output_dir, claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
 # while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
@@ -261,10 +268,6 @@ def run_intervene(
     for every (task, prefill) of
     ``plan``; writes ``interventions.csv`` and ``interventions.json`` (what was run, on what,
     and how long it took)."""
-    from probes.common.data import load_or_generate
-    from probes.fit.artifacts import load_probes
-    from probes.fit.run import versions
-    from tasks.safe_files import atomic_write
 
     plan = [(t, parse_prefill(p).name) for t, p in plan]
     kinds = parse_interventions(",".join(kinds) if kinds else None)
@@ -310,13 +313,6 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
     on each task x prefill, checked before any work; writes ``interventions.csv`` and
     ``.json`` and the figures. Under torchrun the ranks share the probe features'
     extraction and rank 0 runs the battery. Returns (results, plan), None on other ranks."""
-    from fbt_probe.distributed import place
-    from fbt_probe.loading import random_init_like, resolve_model
-    from fbt_probe.prefill import parse_prefills
-    from probes.common.data import load_or_generate, tasks_and_data
-    from probes.intervene.plot import plot_interventions
-    from tasks import get_task
-    from tasks.safe_files import check_output_dir
 
     prefills = parse_prefills(prefill)
     names = parse_interventions(kinds)
@@ -361,7 +357,6 @@ BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 def run(options, progress=None) -> Result:
     """The ``intervene`` analysis (``probes.intervene.InterveneOptions``)."""
-    from probes.intervene.report import headlines
 
     o = options
     done = intervene(task=o.task, prefill=o.prefill, model=o.model, data=o.data, out=o.out,
@@ -379,8 +374,6 @@ def run(options, progress=None) -> Result:
 def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
     """``fbt-probe reproduce``'s battery (``BATTERY``, not a product of tasks and prefills)
     with the steering directions of the probes fitted into ``results``."""
-    from probes.intervene.plot import plot_interventions
-    from probes.intervene.report import headline
 
     out = Path(results) / "interventions"
     iv = run_intervene(model, name, list(BATTERY), out, probes_dir=results, progress=progress)

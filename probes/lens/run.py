@@ -21,16 +21,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.checkpoint import model_hash
+from fbt_probe.device import resolve_device
 from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
+from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import _batches, max_batch_tokens, parse_site, site_positions
 from probes.common.twins import _padded as padded
 from probes.fit.cv import N_BOOT, GroupBootstrap
-from tasks import vocab
+from probes.lens.plot import plot_lens
+from tasks import get_task, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, check_output_dir
 
 COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
            "n"]  # fmt: skip
@@ -191,7 +196,6 @@ def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -
 def check_position(position: str, tasks) -> None:
     """``--position`` before any work: 'answer', 'colon', 'colon-K' or a position each of
     ``tasks`` declares."""
-    from tasks import get_task
 
     if position == "answer":
         return
@@ -211,12 +215,6 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
          device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """``fbt-probe lens`` (see the module docstring); returns the table and the report's
     lines. Every argument is checked before any work."""
-    from fbt_probe.checkpoint import model_hash
-    from fbt_probe.device import resolve_device
-    from fbt_probe.loading import resolve_model
-    from probes.common.data import load_or_generate, tasks_and_data
-    from probes.lens.plot import plot_lens
-    from tasks.safe_files import check_output_dir
 
     out = Path(out)
     if not 1 <= passes <= MAX_PASSES:

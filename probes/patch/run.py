@@ -33,15 +33,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hooks import at as only_in
+from fbt_probe.loading import resolve_model
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
 from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
+from probes.common.data import load_or_generate
+from probes.common.extract import max_batch_tokens
 from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
 from probes.intervene.run import pick_depths
-from tasks.safe_files import atomic_write
+from probes.patch.plot import findings, plot_patch
+from tasks import get_task
+from tasks.safe_files import atomic_write, check_output_dir
 
 KINDS = ("resid", "head", "path")
 BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
@@ -213,12 +219,6 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     """``fbt-probe patch`` (see the module docstring); every argument is checked first.
     ``pass_``: the pass patched (1-based; None: the prefill's last); ``groups``: patch only
     the examples of the first this many groups."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.loading import resolve_model
-    from probes.common.data import load_or_generate
-    from probes.common.extract import max_batch_tokens
-    from tasks import get_task
-    from tasks.safe_files import check_output_dir
 
     (pf, chosen, at_pass), out = parse_args(prefill, kinds, pass_), Path(out)
     if groups is not None and groups < 1:
@@ -258,7 +258,6 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
 
 def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
     """``patch.csv``, ``patch.json`` and the figures; returns the summary lines."""
-    from probes.patch.plot import findings, plot_patch
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "patch.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from tasks.safe_files import atomic_write
+
 # cividis (perceptually uniform, colour-blind safe: the PNG figures' map) at five stops
 CIVIDIS = ((0.0, (0, 32, 77)), (0.25, (65, 77, 107)), (0.5, (124, 123, 120)),
            (0.75, (188, 175, 111)), (1.0, (255, 234, 70)))  # fmt: skip
@@ -205,7 +207,6 @@ def page(title: str, body: str, *, data: dict | None = None, script: str = "") -
 
 def write_page(path: Path, text: str) -> Path:
     """Write a page whole or not at all."""
-    from tasks.safe_files import atomic_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

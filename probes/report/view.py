@@ -24,8 +24,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fbt_probe.checkpoint import model_hash
+from fbt_probe.device import resolve_device
+from fbt_probe.heads import pattern_hooks
+from fbt_probe.lens import Translators
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
+from probes.common.data import load_or_generate
+from probes.fit.artifacts import load_probes
 from probes.report.html import esc, page, write_page
+from tasks import task_names, vocab
+from tasks.safe_files import check_output_file
 
 MAX_PASSES = 8
 MAX_EXAMPLES = 8
@@ -58,7 +67,6 @@ def pick_examples(ds, spec: str) -> list[int]:
 
 def token_words(model, ids) -> list[str]:
     """Each token as text: the built-in vocabulary's words, or a tokenizer's pieces."""
-    from tasks import vocab
 
     enc = getattr(model, "encoding", None)
     if enc is None:
@@ -68,7 +76,6 @@ def token_words(model, ids) -> list[str]:
 
 def saved_probes(folder: Path, task: str, mhash: str) -> tuple[list, str]:
     """The saved probes of ``task`` fitted on this model's residual stream, and a note."""
-    from probes.fit.artifacts import load_probes
 
     try:
         probes = load_probes(folder)
@@ -90,7 +97,6 @@ def saved_probes(folder: Path, task: str, mhash: str) -> tuple[list, str]:
 def tuned_lens_of(model, mhash: str, folder, probes: Path):
     """The tuned lens named (refused in one line unless it loads and fits the model), else the
     one a fit's results folder holds (``lens/tuned_lens``, used only where it fits), and a note."""
-    from fbt_probe.lens import Translators
 
     if folder is not None:
         return Translators.load(folder, model, mhash), f"tuned lens from {folder}"
@@ -182,7 +188,6 @@ def patterns(caches, n_layers: int) -> list[list[list[str]]]:
 @torch.no_grad()
 def example_data(model, ds, row: int, passes: int, probes: list, words, tuned=None) -> dict:
     """Everything the page shows of one example."""
-    from fbt_probe.heads import pattern_hooks
 
     colon = int(ds.colon_index[row])
     ids = [int(i) for i in ds.token_ids[row][: colon + 1]]
@@ -206,12 +211,6 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
          tuned_lens: str | Path | None = None,
          out: str | Path = "results/view.html", device: str = "cpu", progress=None) -> tuple[Path, list[str]]:  # fmt: skip
     """``fbt-probe view`` (see the module docstring); every argument is checked first."""
-    from fbt_probe.checkpoint import model_hash
-    from fbt_probe.device import resolve_device
-    from fbt_probe.loading import resolve_model
-    from probes.common.data import load_or_generate
-    from tasks import task_names
-    from tasks.safe_files import check_output_file
 
     t0, out = time.monotonic(), Path(out)
     if task not in task_names():

@@ -11,14 +11,28 @@ mean, the minimum and how many seeds meet each target.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from fbt_probe.device import resolve_device
+from fbt_probe.evaluate import evaluate
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import PREFILLS
+from fbt_probe.train.loop import train
+from fbt_probe.train.recipes import build_recipe
+from fbt_probe.train.state import saved_train_config, without_sharding
 from probes.common.figures import save_figure, subplots
+from probes.fit.results import layer0_table
+from probes.fit.run import run_fit
+from tasks import task_names
 from tasks.base import POOLED
+from tasks.dataset import int_range
+from tasks.generate import generate_dataset
+from tasks.safe_files import atomic_write, claim
 
 # what a recipe must reach on a seed (issue: a recipe that holds across seeds)
 TARGETS = {
@@ -31,7 +45,6 @@ TARGETS = {
 
 def parse_seeds(spec: str) -> list[int]:
     """'0-4' -> [0..4]; '0,3,7' -> [0, 3, 7]."""
-    from tasks.dataset import int_range
 
     try:
         out = [n for part in spec.split(",") for n in int_range(part)]
@@ -44,11 +57,6 @@ def parse_seeds(spec: str) -> list[int]:
 
 def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress=None) -> dict:
     """Eval accuracy and the layer-0 probe of one finished run folder."""
-    from fbt_probe.evaluate import evaluate
-    from fbt_probe.loading import resolve_model
-    from probes.fit.run import run_fit
-    from tasks import task_names
-    from tasks.generate import generate_dataset
 
     model, name = resolve_model(str(run))
     tasks = task_names()[:3]  # the built-in tasks
@@ -79,7 +87,6 @@ def probe_entries(df: pd.DataFrame, depth: int = 0) -> dict:
     """The probe entries of a seed's row from ``fit``'s results, at the feedback's entry
     ``depth`` (layer 0 in the paper's design): accuracy, chance and the accuracy's interval
     per task x target x prefill."""
-    from probes.fit.results import layer0_table
 
     out = {}
     for r in layer0_table(df, depth).itertuples():
@@ -165,9 +172,6 @@ def plot_seeds(rows: dict[int, dict], out: Path) -> Path:
 def recipe_key(cfg):
     """What makes two seeds' runs the same recipe: the config without its name (it enters no
     arithmetic), its seed or how the states were sharded."""
-    from dataclasses import replace
-
-    from fbt_probe.train.state import without_sharding
 
     return without_sharding(replace(cfg, name="recipe", run=replace(cfg.run, seed=0)))
 
@@ -186,7 +190,6 @@ def _json_object(path: Path) -> dict:
 def _same_recipe(run: Path, scfg) -> None:
     """A finished seed is kept only if it was trained with this recipe: another recipe's run
     in the folder would otherwise enter the table under this one's name."""
-    from fbt_probe.train.state import saved_train_config
 
     try:
         saved = saved_train_config(run)
@@ -210,9 +213,6 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
     one resumed), then write ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
     ``seeds.png``. ``train_fn(cfg, run_dir, resume)`` trains one seed; ``bars(label)``, a
     context manager giving a progress callable, shows the measuring of each seed."""
-    from contextlib import nullcontext
-
-    from tasks.safe_files import atomic_write
 
     rows = {}
     for s in seeds:
@@ -241,7 +241,6 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
 def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
     """Write a study's ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
     ``seeds.png`` into ``out`` from its rows (seed -> measured row), seeds in order."""
-    from tasks.safe_files import atomic_write
 
     rows = {s: rows[s] for s in sorted(rows)}
     out.mkdir(parents=True, exist_ok=True)
@@ -274,7 +273,6 @@ def study_rows(study: Path) -> dict[int, dict]:
 
 def recipe_of(study: Path, seed: int):
     """The seed's ``probes.seeds.study.recipe_key``, or None where no run folder is kept."""
-    from fbt_probe.train.state import saved_train_config
 
     run = study / f"seed-{seed}"
     if not (run / "train_config.json").is_file():
@@ -318,12 +316,6 @@ def study(*, seeds: str, config: str | None = None, overrides: list[str] | None 
     OUT/seed-<s> (a stopped seed resumes, a finished one is kept), then measured and
     tabulated (``run_seed_study``); ``bars(label, total)`` makes progress bars. Returns the
     study folder and its table."""
-    from contextlib import nullcontext
-
-    from fbt_probe.device import resolve_device
-    from fbt_probe.train.loop import train
-    from fbt_probe.train.recipes import build_recipe
-    from tasks.safe_files import claim
 
     resolve_device(device)  # a bad --device fails before anything is written
     cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from fbt_probe.hf import require_tokenizer
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
 from probes.analysis import Result
@@ -69,8 +71,6 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
     """Run the experiment on each model ``models`` names; ``bars(label, total)``, a context
     manager yielding a progress callable, shows each model's passes. Returns the report's
     lines (a verdict per model, the decoding's finiteness)."""
-    from fbt_probe.hf import require_tokenizer
-    from fbt_probe.loading import resolve_model
 
     out = Path(out)
     check_output_dir(out)  # before any work, not after it

@@ -23,16 +23,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.device import resolve_device
+from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.analysis import Result
+from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import _batches, max_batch_tokens
 from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.lens.run import answer_positions, prompts
+from probes.trajectory.plot import plot_trajectory
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, check_output_dir
 
 COLUMNS = ["task", "metric", "pass", "from_answer", "distractors", "token_class", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -172,11 +176,6 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
                seed: int = 0, batch_size: int = 64, device: str = "cpu",
                progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """``fbt-probe trajectory`` (see the module docstring); every argument is checked first."""
-    from fbt_probe.device import resolve_device
-    from fbt_probe.loading import resolve_model
-    from probes.common.data import load_or_generate, tasks_and_data
-    from probes.trajectory.plot import plot_trajectory
-    from tasks.safe_files import check_output_dir
 
     out = Path(out)
     if not 2 <= passes <= MAX_PASSES:

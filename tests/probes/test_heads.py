@@ -22,8 +22,6 @@ from tasks.generate import generate_dataset
 FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
 
 
-
-
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
     pytest.importorskip("transformers")

@@ -75,8 +75,6 @@ def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results
     assert page.count('<table class="sortable">') == n_tables
 
 
-
-
 def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
     from probes.common.extract import extract_features
     from probes.fit.artifacts import find, load_probes

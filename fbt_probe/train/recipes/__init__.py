@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 from fbt_probe.train.config import GROUPS, TrainConfig, refuse_flat, set_path
+from fbt_probe.train.schedule import table
 
 RECIPE_DIR = Path(__file__).resolve().parent
 
@@ -142,6 +143,5 @@ def describe(*, config: str | None = None, overrides: list[str] | None = None,
         from fbt_probe.costs import dry_run
 
         return dry_run(cfg, world_size)
-    from fbt_probe.train.schedule import table
 
     return json.dumps(cfg.to_dict(), indent=2) + "\n\n" + table(cfg.schedule)
