@@ -7,7 +7,7 @@ import ast
 import importlib
 import inspect
 import textwrap
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,5 @@ class Common:
 def as_kwargs(options, *drop: str, **rename: str) -> dict:
     """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``
     mapping a field to the function's own name for it."""
-    from dataclasses import fields
-
     return {rename.get(f.name, f.name): getattr(options, f.name) for f in fields(options)
             if f.name not in drop}  # fmt: skip

@@ -33,6 +33,12 @@ def percent(x: float) -> str:
 OLD_COLUMNS = {"n_examples": "n", "measure": "metric", "offset": "from_answer"}
 
 
+def findings(title: str, df: pd.DataFrame, headline, tasks=None) -> list[str]:
+    """A report section's opening: its title and one finding per task (``headline(df, task)``)."""
+    tasks = list(dict.fromkeys(df.task)) if tasks is None else tasks
+    return [f"## {title}", "", *(f"- {headline(df, t)}" for t in tasks), ""]
+
+
 def read_long_table(path: Path, **read_csv) -> pd.DataFrame:
     """A long result table (``metric``, ``value``, ``ci_low``, ``ci_high``, ``n``), its
     columns renamed from their earlier names where it was written before the rename."""

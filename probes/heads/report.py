@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from probes.analysis import Figure
-from probes.common.tables import read_long_table
+from probes.common.tables import findings, read_long_table
 from probes.heads.run import headline
 
 
@@ -16,9 +16,8 @@ def section(results: Path) -> list:
     if not (folder / "heads.csv").is_file():
         return []
     df = read_long_table(folder / "heads.csv", dtype={"distractors": str})
-    tasks = [t for t in dict.fromkeys(df.task) if t != "-"]
-    parts = ["## Attention by head and pass (`fbt-probe heads`)", ""]
-    parts += [f"- {headline(df, t)}" for t in tasks] + [""]
+    tasks = [t for t in dict.fromkeys(df.task) if t != "-"]  # "-": the induction test's rows
+    parts: list = findings("Attention by head and pass (`fbt-probe heads`)", df, headline, tasks)
     figs = folder / "figures"
     parts += [Figure(png) for png in sorted(figs.glob("*.png"))] if figs.is_dir() else []
     return parts

@@ -35,6 +35,7 @@ from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import max_batch_tokens
+from probes.common.options import as_kwargs
 from probes.common.twins import Pairs, batches, pairs_of
 from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.heads.plot import plot_heads
@@ -214,8 +215,6 @@ def _write(out: Path, df: pd.DataFrame, pattern: pd.DataFrame, meta: dict, plot)
 
 def run(options, progress=None) -> Result:
     """The ``heads`` analysis (``probes.heads.HeadsOptions``)."""
-    o = options
-    passes = jacobi_passes(o.prefill, 1, MAX_PASSES)
-    df, lines = heads(model=o.model, task=o.task, passes=passes, data=o.data, out=o.out,
-                      seed=o.seed, batch_size=o.batch_size, device=o.device, progress=progress)  # fmt: skip
+    passes = jacobi_passes(options.prefill, 1, MAX_PASSES)
+    df, lines = heads(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
     return Result({"heads": df}, lines)

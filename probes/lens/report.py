@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
-from probes.common.tables import read_long_table
+from probes.common.tables import findings, read_long_table
 from probes.lens.plot import READ_NAMES, read_order
 from probes.lens.run import headline
 from probes.report.html import heatmap, value_tip
@@ -66,11 +66,6 @@ def section(results: Path) -> list:
     if not (folder / "lens.csv").is_file():
         return []
     ld = read_long_table(folder / "lens.csv", dtype={"read": str, "distractors": str})
-    tasks = list(dict.fromkeys(ld.task))
-    parts = ["## What each (pass, depth) predicts (`fbt-probe lens`)", ""]
-    parts += [f"- {headline(ld, t)}" for t in tasks] + [""]
-    for t in tasks:
-        png = folder / "figures" / f"lens_{t}.png"
-        if png.is_file():
-            parts.append(Figure(png, tuple(lens(ld, t))))
-    return parts
+    parts: list = findings("What each (pass, depth) predicts (`fbt-probe lens`)", ld, headline)
+    pngs = {t: folder / "figures" / f"lens_{t}.png" for t in dict.fromkeys(ld.task)}
+    return parts + [Figure(png, tuple(lens(ld, t))) for t, png in pngs.items() if png.is_file()]

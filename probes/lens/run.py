@@ -29,6 +29,7 @@ from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import _batches, max_batch_tokens, parse_site, site_positions
+from probes.common.options import as_kwargs
 from probes.common.twins import _padded as padded
 from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.lens.plot import plot_lens
@@ -259,9 +260,6 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
 
 def run(options, progress=None) -> Result:
     """The ``lens`` analysis (``probes.lens.LensOptions``)."""
-    o = options
-    passes = jacobi_passes(o.prefill, 1, MAX_PASSES)
-    df, lines = lens(model=o.model, task=o.task, passes=passes, position=o.position,
-                     data=o.data, out=o.out, tuned=o.tuned, tuned_lens=o.tuned_lens, seed=o.seed,
-                     batch_size=o.batch_size, device=o.device, progress=progress)  # fmt: skip
+    passes = jacobi_passes(options.prefill, 1, MAX_PASSES)
+    df, lines = lens(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
     return Result({"lens": df}, lines)

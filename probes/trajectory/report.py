@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
-from probes.common.tables import read_long_table
+from probes.common.tables import findings, read_long_table
 from probes.report.html import heatmap
 from probes.trajectory.run import headline
 
@@ -43,11 +43,7 @@ def section(results: Path) -> list:
     if not (folder / "trajectory.csv").is_file():
         return []
     tr = read_long_table(folder / "trajectory.csv")
-    tasks = list(dict.fromkeys(tr.task))
-    parts = ["## How the states move over passes (`fbt-probe trajectory`)", ""]
-    parts += [f"- {headline(tr, t)}" for t in tasks] + [""]
-    for t in tasks:
-        png = folder / "figures" / f"trajectory_{t}.png"
-        if png.is_file():
-            parts.append(Figure(png, tuple(trajectory(tr, t)), keep_png=True))
-    return parts
+    parts: list = findings("How the states move over passes (`fbt-probe trajectory`)", tr, headline)
+    pngs = {t: folder / "figures" / f"trajectory_{t}.png" for t in dict.fromkeys(tr.task)}
+    return parts + [Figure(png, tuple(trajectory(tr, t)), keep_png=True)
+                    for t, png in pngs.items() if png.is_file()]  # fmt: skip

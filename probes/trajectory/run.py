@@ -30,6 +30,7 @@ from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import _batches, max_batch_tokens
+from probes.common.options import as_kwargs
 from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.lens.run import answer_positions, prompts
 from probes.trajectory.plot import plot_trajectory
@@ -214,9 +215,6 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
 
 def run(options, progress=None) -> Result:
     """The ``trajectory`` analysis (``probes.trajectory.TrajectoryOptions``)."""
-    o = options
-    passes = jacobi_passes(o.prefill, 2, MAX_PASSES)
-    df, lines = trajectory(model=o.model, task=o.task, passes=passes, data=o.data, out=o.out,
-                           seed=o.seed, batch_size=o.batch_size, device=o.device,
-                           progress=progress)  # fmt: skip
+    passes = jacobi_passes(options.prefill, 2, MAX_PASSES)
+    df, lines = trajectory(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
     return Result({"trajectory": df}, lines)
