@@ -127,3 +127,41 @@ def test_the_tests_mirror_the_packages_with_one_conftest():
     flat = sorted(p.name for p in tests.glob("test_*.py"))
     assert set(flat) <= {"test_code_shape.py", "test_readme.py", "test_docs.py", "test_bench.py",
                          "test_hardening.py", "test_cli.py"}, flat  # fmt: skip
+
+
+def test_every_verb_spells_and_counts_passes_one_way():
+    """The number of Jacobi passes is --prefill on every verb that runs passes (the old
+    --passes and -k are hidden and refused), and a pass named alone is counted from 1."""
+    import click
+    import typer
+
+    from cli import app
+    from probes.common.options import option_help
+
+    root = typer.main.get_command(app)
+    seen = {}
+
+    def walk(group, words=()):
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            if hasattr(cmd, "commands"):
+                walk(cmd, (*words, name))
+            else:
+                seen[" ".join((*words, name))] = cmd
+
+    walk(root)
+    assert len(seen) >= 18
+    for verb, cmd in seen.items():
+        for p in cmd.params:
+            flags = set(getattr(p, "opts", ())) | set(getattr(p, "secondary_opts", ()))
+            if flags & {"--passes", "-k"}:
+                assert p.hidden, f"{verb} shows {flags & {'--passes', '-k'}}"
+            if "--pass" in flags:  # an analysis's help is its options' docstrings
+                docs = option_help(cmd.options) if getattr(cmd, "options", None) else {}
+                assert "counted from 1" in (docs.get(p.name) or p.help or ""), verb
+            if "--prefill" in flags:
+                assert "-p" in flags, verb
+    runs_passes = {"fit", "intervene", "lens", "trajectory", "patch", "heads", "stability", "view"}
+    for verb in runs_passes:
+        assert any("--prefill" in getattr(p, "opts", ()) for p in seen[verb].params), verb
