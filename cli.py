@@ -261,20 +261,19 @@ def eval_(
 @app.command(cls=Command)
 @user_errors
 def plot(
-    results: Path = typer.Option(Path("results"), "--results", "-r", help="Folder holding probe_results.csv."),
-    out: Path = typer.Option(None, "--out", "-o", help="Figure folder (default <results>/figures)."),
+    results: Path = typer.Option(Path("results"), "--results", "-r", help="A results folder: "
+                                 "what any analysis ({analyses}) wrote there with --out."),
+    out: Path = typer.Option(None, "--out", "-o", help="Only the fit's figures, into this folder "
+                             "(default: every analysis's, each into its own figure folder)."),
 ) -> None:  # fmt: skip
-    """Draw accuracy heatmaps and depth curves (PNG and PDF) from probe_results.csv.
+    """Redraw every analysis's figures (PNG and PDF) from the tables it saved: the probe
+    heatmaps and depth curves from probe_results.csv, and each other analysis's.
 
-    Library: probes.fit.plot.plot_all."""
-    from probes.fit.plot import plot_all
-    from tasks.safe_files import check_output_dir
+    Library: probes.report.markdown.redraw."""
+    from probes.report.markdown import redraw
 
-    check_output_dir(out or results / "figures")
-    drawn = plot_all(results, out)
-    typer.echo(
-        f"drew {sum(len(v) for v in drawn.values())} panels into {out or results / 'figures'}"
-    )
+    for line in redraw(results, out):
+        typer.echo(line)
 
 
 @app.command(cls=Command)

@@ -62,7 +62,8 @@ class Analysis:
     """One analysis (see the module docstring). ``help``: the verb's help, its first line the
     summary; ``example``: a command line that runs it, shown at the end of ``--help``;
     ``folder``: where it writes inside a results folder (reproduce, the report);
-    ``moved``: options that are gone, each with what replaces it (``<N>``: the value given),
+    ``figures``: redraws its figures from the tables it saved under a results folder and
+    returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each with what replaces it (``<N>``: the value given),
     refused in one line."""
 
     name: str
@@ -72,6 +73,7 @@ class Analysis:
     example: str
     folder: str
     section: Callable | str | None = None
+    figures: Callable | str | None = None
     reproduce: dict | Callable | str | None = None
     moved: dict = field(default_factory=dict)
 
@@ -93,6 +95,10 @@ class Analysis:
             opts = replace(opts, **changes)
         res = resolve(self.run)(opts, progress)
         return res if isinstance(res, Result) else Result(*res)
+
+    def redraw(self, results: Path) -> int:
+        """Its figures, redrawn from its tables under ``results`` (0 where it has none)."""
+        return int(resolve(self.figures)(Path(results))) if self.figures else 0
 
     def report(self, results: Path) -> list:
         """Its report section from ``results`` (empty where it has not run there)."""

@@ -14,6 +14,7 @@ FIT = register_analysis(Analysis(
     example="fbt-probe fit --task delayed_memory --prefill standard,recurrent --out results",
     folder="",
     section="probes.fit.report:section",
+    figures="probes.fit.plot:figures",
     moved={"--passes": "--prefill all,k<N> (the prefills and k<N>)"},
     reproduce="probes.fit.run:reproduce",
 ))  # fmt: skip

@@ -153,3 +153,10 @@ def plot_all(
         "overwrites": plot_overwrites(df, out),
         "lines": plot_lines(df, out),
     }
+
+
+def figures(results: Path) -> int:
+    """The fit's figures, redrawn from ``results/probe_results.csv``; the number of panels."""
+    if not (Path(results) / "probe_results.csv").is_file():
+        return 0
+    return sum(len(v) for v in plot_all(results).values())

@@ -14,6 +14,7 @@ HEADS = register_analysis(Analysis(
     example="fbt-probe heads --task delayed_memory --prefill recurrent",
     folder="heads",
     section="probes.heads.report:section",
+    figures="probes.heads.plot:figures",
     moved={"--passes": "--prefill k<N>", "-k": "--prefill k<N>"},
     reproduce={"task": "delayed_memory"},
 ))  # fmt: skip

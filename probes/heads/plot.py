@@ -10,6 +10,7 @@ import pandas as pd
 import seaborn as sns
 
 from probes.common.figures import CMAP, save_figure, subplots
+from probes.common.tables import read_long_table
 from tasks.base import POOLED
 
 TITLES = {"prev_token": "previous token", "label": "read position -> label token",
@@ -82,3 +83,14 @@ def plot_heads(df: pd.DataFrame, pattern: pd.DataFrame, task: str, out: Path) ->
     save_figure(fig, Path(out), f"heads_pattern_{task}")
     drawn["pattern"] = mats
     return drawn
+
+
+def figures(results: Path) -> int:
+    """The heads' figures, one pair per task, redrawn from ``results/heads``'s tables."""
+    folder = Path(results) / "heads"
+    if not (folder / "heads.csv").is_file():
+        return 0
+    df = read_long_table(folder / "heads.csv", dtype={"distractors": str})
+    pattern = pd.read_csv(folder / "heads_pattern.csv")
+    tasks = [t for t in dict.fromkeys(df.task) if t != "-"]
+    return sum(len(plot_heads(df, pattern, t, folder / "figures")) for t in tasks)

@@ -14,5 +14,6 @@ INTERVENE = register_analysis(Analysis(
     example="fbt-probe intervene --task done_tracking --prefill full --intervention interchange_state",
     folder="interventions",
     section="probes.intervene.report:section",
+    figures="probes.intervene.plot:figures",
     reproduce="probes.intervene.run:reproduce",
 ))  # fmt: skip

@@ -15,6 +15,7 @@ import seaborn as sns
 
 from fbt_probe.patching import STATE_HOOK
 from probes.common.figures import CMAP, PALETTE, ordered_prefills, save_figure, subplots
+from probes.common.tables import read_long_table
 from probes.common.twins import WINDOWS
 
 DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 4.0),
@@ -139,3 +140,11 @@ def plot_interventions(df: pd.DataFrame, out: str | Path) -> dict[str, pd.DataFr
             axes[0][-1].legend(fontsize=7, loc="upper left")
             save_figure(fig, out, f"steering_{task}")
     return drawn
+
+
+def figures(results: Path) -> int:
+    """The interventions' figures, redrawn from ``results/interventions/interventions.csv``."""
+    csv = Path(results) / "interventions" / "interventions.csv"
+    if not csv.is_file():
+        return 0
+    return len(plot_interventions(read_long_table(csv, keep_default_na=True), csv.parent / "figures"))

@@ -13,6 +13,7 @@ LENS = register_analysis(Analysis(
     example="fbt-probe lens --task delayed_memory --prefill k3",
     folder="lens",
     section="probes.lens.report:section",
+    figures="probes.lens.plot:figures",
     moved={"--passes": "--prefill k<N>", "-k": "--prefill k<N>"},
     reproduce={"task": "delayed_memory"},
 ))  # fmt: skip

@@ -11,6 +11,7 @@ import seaborn as sns
 from matplotlib.colors import LogNorm
 
 from probes.common.figures import CMAP, save_figure, subplots
+from probes.common.tables import read_long_table
 from tasks.base import POOLED
 
 READ_NAMES = {"fed_state": "fed h", "fed_value": "W_U h"}
@@ -54,3 +55,12 @@ def plot_lens(df: pd.DataFrame, task: str, out: Path) -> dict[str, pd.DataFrame]
     fig.tight_layout()
     save_figure(fig, Path(out), f"lens_{task}")
     return drawn
+
+
+def figures(results: Path) -> int:
+    """The lens's figures, one per task, redrawn from ``results/lens/lens.csv``."""
+    csv = Path(results) / "lens" / "lens.csv"
+    if not csv.is_file():
+        return 0
+    df = read_long_table(csv, dtype={"read": str, "distractors": str})
+    return sum(len(plot_lens(df, t, csv.parent / "figures")) for t in dict.fromkeys(df.task))

@@ -13,5 +13,6 @@ PATCH = register_analysis(Analysis(
     example="fbt-probe patch --task delayed_memory --prefill recurrent --kinds resid,head",
     folder="patch",
     section="probes.patch.report:section",
+    figures="probes.patch.plot:figures",
     reproduce={"task": "delayed_memory", "groups": 16},
 ))  # fmt: skip

@@ -4,6 +4,7 @@ q/k/v x head, and one line of findings per kind."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pandas as pd
 import seaborn as sns
 
 from probes.common.figures import save_figure, subplots
+from probes.common.tables import read_long_table
 
 DIVERGING = "RdBu"  # 0 (the twin's answer) red, 1 (the clean one) blue
 
@@ -83,3 +85,13 @@ def findings(df: pd.DataFrame, task: str, prefill: str) -> list[str]:
             f"{task} {prefill}, {kind}: the patches that move the answer most toward the twin's: {where}."
         )
     return lines
+
+
+def figures(results: Path) -> int:
+    """The patching's heatmaps, redrawn from ``results/patch/patch.csv`` and its JSON."""
+    folder = Path(results) / "patch"
+    if not (folder / "patch.csv").is_file():
+        return 0
+    meta = json.loads((folder / "patch.json").read_text())
+    where = f"{meta['prefill']} prefill, pass {meta['pass']}"
+    return len(plot_patch(read_long_table(folder / "patch.csv"), meta["task"], where, folder / "figures"))

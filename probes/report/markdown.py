@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from probes.analysis import ANALYSES, Figure
+from probes.fit.plot import plot_all
 from probes.report.page import write_report_html
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, check_output_dir
 
 TITLE = "# fbt-probe report: is task state decodable from the latent feedback, and is it used?"
 
@@ -29,6 +30,22 @@ def markdown(parts: list, results: Path) -> str:
     return "\n".join(lines)
 
 
+def redraw(results: str | Path, fit_out: str | Path | None = None) -> list[str]:
+    """Every registered analysis's figures, redrawn from its tables under ``results`` (with
+    ``fit_out``: only the fit's, into that folder). Refused where there is nothing to draw."""
+    res = Path(results)
+    if fit_out is not None:
+        check_output_dir(Path(fit_out))
+        drawn = plot_all(res, fit_out)
+        return [f"drew {sum(len(v) for v in drawn.values())} panels into {fit_out}"]
+    counts = {a.name: a.redraw(res) for a in ANALYSES.values()}
+    if not any(counts.values()):
+        raise FileNotFoundError(f"{res} holds the tables of no analysis ({', '.join(ANALYSES)}): "
+                                f"run one there first, e.g. fbt-probe fit --out {res}")  # fmt: skip
+    return [f"drew {n} figure panels of {name}" for name, n in counts.items() if n] + [
+        f"into the figure folders under {res}"]  # fmt: skip
+
+
 def write_report(results: str | Path) -> Path:
     """Write ``report.md`` into ``results`` and ``report.html`` beside it (the same report as
     one offline page, its heatmaps interactive). Refused where ``results`` holds the output
@@ -37,8 +54,8 @@ def write_report(results: str | Path) -> Path:
     found = sections(res)
     if not found:
         raise FileNotFoundError(
-            f"{res} holds the results of no analysis ({', '.join(ANALYSES)}): run one of them "
-            "with --out there first"
+            f"{res} holds the results of no analysis ({', '.join(ANALYSES)}): run one there "
+            f"first, e.g. fbt-probe fit --out {res}"
         )
     parts = [p for s in found for p in s]
     text = markdown(parts, res)

@@ -12,6 +12,7 @@ STABILITY = register_analysis(Analysis(
     example="fbt-probe stability --prefill k30 --task done_tracking",
     folder="stability",
     section="probes.stability.report:section",
+    figures="probes.stability.plot:figures",
     moved={"--passes": "--prefill k<N>", "-k": "--prefill k<N>"},
     reproduce={"prefill": "k12", "decode_tokens": 200},
 ))  # fmt: skip

@@ -41,3 +41,15 @@ def plot_soft(df: pd.DataFrame, out: Path) -> None:
     b.set_title("SOFT decoding: state change per step")
     a.legend(fontsize=7)
     save_figure(fig, out, "soft_decoding")
+
+
+def figures(results: Path) -> int:
+    """The stability figures, redrawn from ``results/stability``'s tables."""
+    folder = Path(results) / "stability"
+    if not (folder / "stability.csv").is_file():
+        return 0
+    plot_stability(pd.read_csv(folder / "stability.csv"), folder)
+    if (folder / "soft_decoding.csv").is_file():
+        plot_soft(pd.read_csv(folder / "soft_decoding.csv"), folder)
+        return 2
+    return 1

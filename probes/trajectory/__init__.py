@@ -13,6 +13,7 @@ TRAJECTORY = register_analysis(Analysis(
     example="fbt-probe trajectory --task delayed_memory --prefill k8",
     folder="trajectory",
     section="probes.trajectory.report:section",
+    figures="probes.trajectory.plot:figures",
     moved={"--passes": "--prefill k<N>", "-k": "--prefill k<N>"},
     reproduce={"task": "delayed_memory"},
 ))  # fmt: skip

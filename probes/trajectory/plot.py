@@ -13,6 +13,7 @@ import seaborn as sns
 from matplotlib.colors import LogNorm
 
 from probes.common.figures import CMAP, PALETTE, save_figure, subplots
+from probes.common.tables import read_long_table
 from tasks.base import POOLED
 
 PCA_EXAMPLES = 120  # examples drawn in the PCA panel (all are in the CSV)
@@ -74,3 +75,12 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
     fig.tight_layout()
     save_figure(fig, Path(out), f"trajectory_{task}")
     return drawn
+
+
+def figures(results: Path) -> int:
+    """The trajectory's figures, one per task, redrawn from ``results/trajectory``'s tables."""
+    folder = Path(results) / "trajectory"
+    if not (folder / "trajectory.csv").is_file():
+        return 0
+    df, pca = read_long_table(folder / "trajectory.csv"), pd.read_csv(folder / "trajectory_pca.csv")
+    return sum(len(plot_trajectory(df, pca, t, folder / "figures")) for t in dict.fromkeys(df.task))

@@ -1,5 +1,5 @@
 """The analysis registry: one registration makes an analysis a CLI verb with its options' help,
-a section of report.md and report.html, and a step of reproduce."""
+a section of report.md and report.html, figures that `plot` redraws, and a step of reproduce."""
 
 from __future__ import annotations
 
@@ -41,10 +41,20 @@ def count_run(options: CountOptions, progress=None) -> Result:
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(table, out / "count.csv")
+    count_figures(out.parent)
+    return Result({"count": table}, [f"{options.task}: {len(df)} prompts", f"wrote {out}"])
+
+
+def count_figures(results: Path) -> int:
+    """The toy's bar chart, drawn from its table alone."""
+    csv = results / "count" / "count.csv"
+    if not csv.is_file():
+        return 0
+    table = pd.read_csv(csv)
     fig, ax = subplots()
     ax.bar(table.distractors.astype(str), table.length)
-    save_figure(fig, out, "count_lengths")
-    return Result({"count": table}, [f"{options.task}: {len(df)} prompts", f"wrote {out}"])
+    save_figure(fig, csv.parent, "count_lengths")
+    return 1
 
 
 def count_section(results: Path) -> list:
@@ -62,7 +72,8 @@ def count_section(results: Path) -> list:
 TOY = Analysis(name="count", options=CountOptions, run=count_run,
                help="Count the prompts' tokens by distractor count (a toy analysis).",
                example="fbt-probe count --task done_tracking", folder="count",
-               section=count_section, reproduce={"task": "done_tracking", "groups": 3})  # fmt: skip
+               section=count_section, figures=count_figures,
+               reproduce={"task": "done_tracking", "groups": 3})  # fmt: skip
 
 
 @pytest.fixture
@@ -120,6 +131,11 @@ def test_it_is_a_section_of_both_reports(toy, tmp_path):
     html = (res / "report.html").read_text()
     assert "Prompt lengths" in html and 'class="toy-heat"' in html
     assert "data:image/png" not in html  # the interactive table replaces the PNG
+    # and fbt-probe plot redraws its figure from its table
+    (res / "count" / "count_lengths.png").unlink()
+    got = CliRunner().invoke(cli.app, ["plot", "--results", str(res)])
+    assert got.exit_code == 0 and "drew 1 figure panels of count" in got.output
+    assert (res / "count" / "count_lengths.png").stat().st_size > 1000
 
 
 def test_it_is_a_step_of_reproduce(toy, tmp_path, monkeypatch):
