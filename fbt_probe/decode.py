@@ -54,7 +54,7 @@ def generate(
         e = model.embed(tok[:, None])
         carry = h if mode.soft else None  # fused with the previous step's state
         out = model.feedback_pass(
-            e, carry=carry, offset=T + i, cache=cache, pass_number=None, step=T + i
+            e, carry=carry, first_position=T + i, cache=cache, pass_number=None, step=T + i
         )
         h = out.states
         tok = _pick(out.logits[:, -1], temperature, gen)

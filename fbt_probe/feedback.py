@@ -11,10 +11,10 @@ activations by pass so that pass 2 never overwrites pass 1.
 
 Every pass, of the Jacobi forward, of the sequential recurrence or of decoding, goes through
 ``feedback_pass``: the one place where states are shifted and fused. It also tells every hook
-what fired it: ``hook.ctx["pass"]`` (0 = pass 1; None in the recurrence and in generated
-steps), ``hook.ctx["step"]`` (the position the recurrence or the decoder is computing; None
-in Jacobi passes) and ``hook.ctx["offset"]`` (the first position of the tensor the hook
-sees); ``model.context`` holds the same. ``fbt_probe.hooks.at`` restricts a hook to passes,
+what fired it: ``hook.ctx["pass_number"]`` (counted from 1; None in the recurrence and in
+generated steps), ``hook.ctx["step"]`` (the position the recurrence or the decoder is
+computing; None in Jacobi passes) and ``hook.ctx["first_position"]`` (the absolute position of
+the first entry of the tensor the hook sees); ``model.context`` holds the same. ``fbt_probe.hooks.at`` restricts a hook to passes,
 steps and positions.
 """
 
@@ -196,18 +196,19 @@ class FeedbackModel(HookedRootModule):
         carry: torch.Tensor | None = None,
         plain: torch.Tensor | None = None,
         *,
-        offset: int = 0,
+        first_position: int = 0,
         cache: KVCache | None = None,
         pass_number: int | None = 1,
         step: int | None = None,
         from_layer: int = 0,
     ) -> PassOutput:
-        """One pass of the stack over positions [offset, offset + pos): the only place where
+        """One pass of the stack over positions [first_position, first_position + pos): the
+        only place where
         the fed-back state enters.
 
         emb: (batch, pos, d_model) plain embeddings; states: (batch, pos, d_model) top states of
         the previous pass at the same positions (None: a plain pass); carry: (batch, 1, d_model)
-        the top state of position offset - 1 (the recurrence and decoding, one position at a
+        the top state of position first_position - 1 (the recurrence and decoding, one position at a
         time); plain: (batch, pos) bool, positions that keep their plain embedding. Position t
         is fused with h_{t-1}, i.e. ``states`` shifted right by one with ``carry`` in front.
         ``pass_number`` (counted from 1; None outside Jacobi passes) and ``step`` go to every
@@ -218,7 +219,8 @@ class FeedbackModel(HookedRootModule):
         ``emb`` is already that input (the blocks below, which no state reaches, were run once
         for every position: the recurrence).
         """
-        self.set_context(pass_number, step, offset)
+        self.set_context(pass_number, step, first_position)
+        offset = first_position  # the stack's own word for it
         if states is None and carry is None:
             return self.stack(emb, offset, cache, from_layer=from_layer)
         B, T, D = emb.shape

@@ -156,7 +156,7 @@ def patched_output(
             prev = trace.prev
             if prev is None:  # a plain pass (standard prefill)
                 out = model.feedback_pass(
-                    emb[:, start:], offset=start, cache=cache, pass_number=trace.passes
+                    emb[:, start:], first_position=start, cache=cache, pass_number=trace.passes
                 )
             else:
                 out = model.feedback_pass(
@@ -164,7 +164,7 @@ def patched_output(
                     prev[:, start:],
                     carry=prev[:, start - 1 : start] if start > 0 else None,
                     plain=trace.plain[:, start:],
-                    offset=start,
+                    first_position=start,
                     cache=cache,
                     pass_number=trace.passes,
                 )

@@ -58,7 +58,7 @@ def recurrence_steps(
             x[:, t - first : t - first + 1],
             carry=h_prev,
             plain=plain[:, t : t + 1],
-            offset=t,
+            first_position=t,
             cache=cache,
             pass_number=None,
             step=t,
