@@ -85,6 +85,18 @@ class Analysis:
                 f"analysis {self.name!r}: its example must run 'fbt-probe {self.name}'"
             )
 
+    @classmethod
+    def of_folder(cls, package: str, **fields) -> Analysis:
+        """An analysis laid out as the built-in ones are: the folder ``package`` (a dotted
+        module path) holds ``options.py`` (``<Name>Options``), ``run.py`` (``run``),
+        ``report.py`` (``section``) and ``plot.py`` (``figures``); ``fields`` give the rest
+        (``help``, ``example``, ``reproduce``, ...) and may replace any of these."""
+        name = fields.pop("name", package.rsplit(".", 1)[-1])
+        layout = {"options": f"{package}.options:{name.title()}Options", "run": f"{package}.run:run",
+                  "section": f"{package}.report:section", "figures": f"{package}.plot:figures",
+                  "folder": name}  # fmt: skip
+        return cls(name=name, **{**layout, **fields})
+
     def __call__(self, model=None, options=None, *, progress=None, **changes) -> Result:
         """Run it as the library: ``options`` (default: the dataclass's defaults) with
         ``changes`` applied, on ``model`` when given (a loaded model or a name)."""
@@ -114,6 +126,9 @@ class Analysis:
 
 
 ANALYSES: Registry = Registry("analysis")
+
+# the spellings of the number of passes before --prefill took them, on the verbs that had them
+PASSES_MOVED = {"--passes": "--prefill k<N>", "-k": "--prefill k<N>"}
 
 
 def register_analysis(analysis: Analysis, *, replace: bool = False) -> Analysis:

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from probes.analysis import Analysis, register_analysis
 
-FIT = register_analysis(Analysis(
-    name="fit",
-    options="probes.fit.options:FitOptions",
-    run="probes.fit.run:run",
+FIT = register_analysis(Analysis.of_folder(
+    "probes.fit",
     help="Fit group-cross-validated probes at the colon, at every depth and prefill; the fitted "
     "probes are saved in OUT/probes/.",
     example="fbt-probe fit --task delayed_memory --prefill standard,recurrent --out results",
     folder="",
-    section="probes.fit.report:section",
-    figures="probes.fit.plot:figures",
     moved={"--passes": "--prefill all,k<N> (the prefills and k<N>)"},
     reproduce="probes.fit.run:reproduce",
 ))  # fmt: skip

@@ -147,4 +147,6 @@ def figures(results: Path) -> int:
     csv = Path(results) / "interventions" / "interventions.csv"
     if not csv.is_file():
         return 0
-    return len(plot_interventions(read_long_table(csv, keep_default_na=True), csv.parent / "figures"))
+    return len(
+        plot_interventions(read_long_table(csv, keep_default_na=True), csv.parent / "figures")
+    )

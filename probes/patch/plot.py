@@ -94,4 +94,6 @@ def figures(results: Path) -> int:
         return 0
     meta = json.loads((folder / "patch.json").read_text())
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
-    return len(plot_patch(read_long_table(folder / "patch.csv"), meta["task"], where, folder / "figures"))
+    return len(
+        plot_patch(read_long_table(folder / "patch.csv"), meta["task"], where, folder / "figures")
+    )

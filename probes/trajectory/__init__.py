@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from probes.analysis import Analysis, register_analysis
+from probes.analysis import PASSES_MOVED, Analysis, register_analysis
 
-TRAJECTORY = register_analysis(Analysis(
-    name="trajectory",
-    options="probes.trajectory.options:TrajectoryOptions",
-    run="probes.trajectory.run:run",
+TRAJECTORY = register_analysis(Analysis.of_folder(
+    "probes.trajectory",
     help="How do the states move over passes? Distance to the last pass by position, the answer "
     "position's states on two principal components, answer flips by count, the fusion's gate.",
     example="fbt-probe trajectory --task delayed_memory --prefill k8",
-    folder="trajectory",
-    section="probes.trajectory.report:section",
-    figures="probes.trajectory.plot:figures",
-    moved={"--passes": "--prefill k<N>", "-k": "--prefill k<N>"},
+    moved=PASSES_MOVED,
     reproduce={"task": "delayed_memory"},
 ))  # fmt: skip
