@@ -8,7 +8,7 @@ where it enters and how it is fused? For each design's seed study
 - whether the state is used: interchanging every fed-back state with the twin's against
   interchanging the label token's embedding, flip rates (``fbt-probe intervene``);
 - the contraction of the stability analysis: the state change at pass 30 over pass 2's
-  (``fbt-probe stability --passes 30``);
+  (``fbt-probe stability --prefill k30``);
 - the training time (``metrics.json``).
 
     python research/designs.py runs/designs --out figures/designs

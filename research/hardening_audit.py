@@ -97,14 +97,15 @@ def option_cases(root: Path) -> list[tuple[str, list[str], str]]:
         (iv, "--intervention", ["nope", "", "self,,erase"]),
         (iv, "--seed", ["-1"]),
         (iv, "--probes", [str(root / "missing"), d]),
-        (st0, "--passes", ["0", "1001", "-2", "x"]),
+        (st0, "--prefill", ["k0", "k1001", "-2", "x", "full"]),
+        (st0, "--passes", ["3"]),  # the old spelling, refused naming --prefill
         (st, "--decode-tokens", ["-1", "5000", "400"]),
-        (lens, "--passes", ["0", "17", "-1"]),
+        (lens, "--prefill", ["k0", "k17", "-1", "full"]),
         (lens, "--position", ["nope", ""]),
         (lens, "--tuned-lens", [str(root / "missing"), d]),
         (lens, "--batch-size", ["0"]),
         (lens, "--task", ["nope"]),
-        (tr, "--passes", ["1", "65", "0"]),
+        (tr, "--prefill", ["standard", "k65", "k0"]),
         (tr, "--batch-size", ["0", "-4"]),
         (tr, "--data", [str(root / "missing.parquet")]),
         (pa, "--kinds", ["nope", ""]),
@@ -112,7 +113,7 @@ def option_cases(root: Path) -> list[tuple[str, list[str], str]]:
         (pa, "--depths", ["nope", "99", "-1", "1,,2"]),
         (pa, "--prefill", ["full", "nope", "k0"]),
         (pa, "--task", ["nope", "delayed_memory,done_tracking"]),
-        (he, "--passes", ["0", "17"]),
+        (he, "--prefill", ["k0", "k17"]),
         (he, "--seed", ["-1"]),
         (he, "--data", [d]),  # a dataset without twins
     ]
