@@ -62,6 +62,9 @@ def _text(node: ast.expr, names: dict) -> str | None:
 
 
 JACOBI_WORDS = "standard (1 pass), recurrent (2 passes) or k<N> (N passes)"
+PREFILLS_HELP = ("How each prompt is run: standard, recurrent (2 Jacobi passes), full (the exact "
+                 "recurrence), k<N> (N Jacobi passes); a comma-separated list, or 'all' (the "
+                 "first three).")  # fmt: skip
 PREFILL_WORDS = ("standard, recurrent (2 Jacobi passes), full (the exact recurrence), k<N> (N "
                  "Jacobi passes)")  # fmt: skip
 

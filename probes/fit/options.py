@@ -5,17 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.common.options import PREFILL_WORDS, Common, option
+from probes.common.options import PREFILLS_HELP, Common, option
 
 
 @dataclass(frozen=True)
 class FitOptions(Common):
     prefill: str = option("all", "--prefill", "-p")
-    (
-        "How each prompt is run: "
-        + PREFILL_WORDS
-        + "; a comma-separated list, or 'all' (the first three)."
-    )
+    PREFILLS_HELP  # noqa: B018 (the docstring: the help fit and intervene share)
     out: Path = option(Path("results"), "--out", "-o")
     """Results folder."""
     seed: int = option(0, "--seed")

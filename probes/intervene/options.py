@@ -5,17 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.common.options import PREFILL_WORDS, Common, option
+from probes.common.options import PREFILLS_HELP, Common, option
 
 
 @dataclass(frozen=True)
 class InterveneOptions(Common):
     prefill: str = option("recurrent", "--prefill", "-p")
-    (
-        "How each prompt is run: "
-        + PREFILL_WORDS
-        + "; a comma-separated list, or 'all' (the first three). State interventions need a feedback prefill."
-    )
+    PREFILLS_HELP + " State interventions need a feedback prefill."
     data: Path | None = option(None, "--data")
     """A twin dataset (generate --twins); default data/<task>-twins.parquet, generated if absent."""
     out: Path = option(Path("results/interventions"), "--out", "-o")
