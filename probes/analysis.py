@@ -22,31 +22,38 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
 
 from tasks.registry import Registry
 
 
-@dataclass(frozen=True)
 class Figure:
     """A figure of a report section: the PNG (linked from report.md, embedded in report.html)
     and, where the figure is a heatmap, the interactive tables report.html shows instead,
     drawn from the same selection of the same table (``keep_png``: the PNG has other panels
-    and is shown too)."""
+    and is shown too). A plain class, not a dataclass: the CLI imports this module to list
+    its verbs, and each dataclass costs its start a fraction of a millisecond."""
 
-    path: Path
-    html: tuple[str, ...] = ()
-    keep_png: bool = False
+    __slots__ = ("path", "html", "keep_png")
+
+    def __init__(self, path: Path, html: tuple[str, ...] = (), keep_png: bool = False):
+        self.path, self.html, self.keep_png = Path(path), tuple(html), keep_png
+
+    def __repr__(self) -> str:
+        return f"Figure({self.path!r}, {len(self.html)} tables, keep_png={self.keep_png})"
 
 
-@dataclass
 class Result:
     """What an analysis's run returns: its tables by name, and the lines it reports."""
 
-    tables: dict[str, Any] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)
+    __slots__ = ("tables", "lines")
+
+    def __init__(self, tables: dict | None = None, lines: list[str] | None = None):
+        self.tables, self.lines = dict(tables or {}), list(lines or [])
+
+    def __repr__(self) -> str:
+        return f"Result(tables={list(self.tables)}, lines={len(self.lines)})"
 
 
 def resolve(fn):
@@ -57,33 +64,38 @@ def resolve(fn):
     return getattr(importlib.import_module(module), attr)
 
 
-@dataclass(frozen=True)
 class Analysis:
     """One analysis (see the module docstring). ``help``: the verb's help, its first line the
     summary; ``example``: a command line that runs it, shown at the end of ``--help``;
     ``folder``: where it writes inside a results folder (reproduce, the report);
     ``figures``: redraws its figures from the tables it saved under a results folder and
-    returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each with what replaces it (``<N>``: the value given),
-    refused in one line."""
+    returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each
+    with what replaces it (``<N>``: the value given), refused in one line."""
 
-    name: str
-    options: type | str
-    run: Callable | str
-    help: str
-    example: str
-    folder: str
-    section: Callable | str | None = None
-    figures: Callable | str | None = None
-    reproduce: dict | Callable | str | None = None
-    moved: dict = field(default_factory=dict)
+    __slots__ = ("name", "options", "run", "help", "example", "folder", "section", "figures",
+                 "reproduce", "moved")  # fmt: skip
 
-    def __post_init__(self):
-        if not isinstance(self.options, str) and not hasattr(self.options, "__dataclass_fields__"):
-            raise ValueError(f"analysis {self.name!r}: options must be a dataclass")
-        if not self.example.startswith(f"fbt-probe {self.name}"):
-            raise ValueError(
-                f"analysis {self.name!r}: its example must run 'fbt-probe {self.name}'"
-            )
+    def __init__(self, *, name: str, options: type | str, run: Callable | str, help: str,
+                 example: str, folder: str, section: Callable | str | None = None,
+                 figures: Callable | str | None = None,
+                 reproduce: dict | Callable | str | None = None, moved: dict | None = None):  # fmt: skip
+        # a plain class, not a dataclass: the CLI imports this module to list its verbs
+        if not isinstance(options, str) and not hasattr(options, "__dataclass_fields__"):
+            raise ValueError(f"analysis {name!r}: options must be a dataclass")
+        if not example.startswith(f"fbt-probe {name}"):
+            raise ValueError(f"analysis {name!r}: its example must run 'fbt-probe {name}'")
+        self.name, self.options, self.run, self.help, self.example = (
+            name,
+            options,
+            run,
+            help,
+            example,
+        )
+        self.folder, self.section, self.figures = folder, section, figures
+        self.reproduce, self.moved = reproduce, dict(moved or {})
+
+    def __repr__(self) -> str:
+        return f"Analysis({self.name!r}, folder={self.folder!r})"
 
     @classmethod
     def of_folder(cls, package: str, **fields) -> Analysis:
