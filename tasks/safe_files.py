@@ -65,7 +65,7 @@ def check_output_dir(out: Path) -> None:
     _writable_parent(out)
 
 
-def _without_umask(mode: int) -> int:
+def without_umask(mode: int) -> int:
     """``mode`` as a plain ``open`` or ``mkdir`` would leave it (mkstemp and mkdtemp make
     files only their owner can read)."""
     umask = os.umask(0)
@@ -101,7 +101,7 @@ def atomic_write(out: Path, write) -> None:
             except FileExistsError:
                 tmp = None
         write(tmp)
-        os.chmod(tmp, _without_umask(0o666))
+        os.chmod(tmp, without_umask(0o666))
         os.replace(tmp, out)
     except OSError as e:
         if tmp is not None:
@@ -130,7 +130,7 @@ def atomic_folder(out: Path, write) -> None:
                 break
             except FileExistsError:
                 tmp = None
-        os.chmod(tmp, _without_umask(0o777))
+        os.chmod(tmp, without_umask(0o777))
         write(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -201,7 +201,7 @@ def _take(lock: Path, out: Path) -> None:
           "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
     for _ in range(5):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, _without_umask(0o666))
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, without_umask(0o666))
         except FileExistsError:
             holder = _holder(lock)
             if holder is None:  # stale: its writer is gone

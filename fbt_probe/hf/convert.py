@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from fbt_probe.checkpoint import file_sha256
 from fbt_probe.hf.folders import quiet
-from tasks.safe_files import _without_umask, atomic_folder, check_output_dir, read_record
+from tasks.safe_files import atomic_folder, check_output_dir, read_record, without_umask
 
 SOURCE = "fbt_probe_source.json"
 SOURCE_FORMAT = "fbt-probe-converted"
@@ -136,7 +136,7 @@ def convert(gguf: str | Path, out: str | Path, force: bool = False, progress=pri
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         for f in tmp.iterdir():  # safetensors writes its file readable by its owner only
-            os.chmod(f, _without_umask(0o666))
+            os.chmod(f, without_umask(0o666))
         record["weights_sha256"] = folder_weights_digest(tmp)
         (tmp / SOURCE).write_text(json.dumps(record, indent=2) + "\n")
 

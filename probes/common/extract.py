@@ -107,7 +107,7 @@ def max_batch_tokens(model: FeedbackModel) -> int:
     return max(1, BATCH_BYTES // (8 * model.cfg.d_model * model.cfg.n_layers))
 
 
-def _batches(lengths: np.ndarray, batch_size: int, max_tokens: int | None = None):
+def length_batches(lengths: np.ndarray, batch_size: int, max_tokens: int | None = None):
     """Indices grouped by similar length (sorted), so padding stays small: at most
     ``batch_size`` examples, and at most ``max_tokens`` tokens padded to the longest."""
     order = np.argsort(lengths, kind="stable")
@@ -144,7 +144,7 @@ def extract_features(
     device = next(model.parameters()).device
     done = 0
     rank, size = _world()
-    for b, idx in enumerate(_batches(prompt_lens, batch_size, max_batch_tokens(model))):
+    for b, idx in enumerate(length_batches(prompt_lens, batch_size, max_batch_tokens(model))):
         if b % size != rank:  # under torchrun each rank extracts every size-th batch
             continue
         T = int(prompt_lens[idx].max())

@@ -150,15 +150,15 @@ def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
     out = []
     for idx in groups:
         # up to the answer: a causal model's later positions change nothing read there
-        a = _padded([pairs.tokens[i][: pairs.answer[i] + 1] for i in idx])
-        b = _padded([pairs.twin_tokens[i][: pairs.twin_answer[i] + 1] for i in idx])
+        a = padded([pairs.tokens[i][: pairs.answer[i] + 1] for i in idx])
+        b = padded([pairs.twin_tokens[i][: pairs.twin_answer[i] + 1] for i in idx])
         at = [torch.as_tensor(x[idx], device=device)
               for x in (pairs.answer, pairs.twin_answer, pairs.label_pos, pairs.colon)]  # fmt: skip
         out.append(PairBatch(idx, a.to(device), b.to(device), *at))
     return out
 
 
-def _padded(seqs: list[np.ndarray]) -> torch.Tensor:
+def padded(seqs: list[np.ndarray]) -> torch.Tensor:
     """(len(seqs), longest) ids, right-padded."""
     out = torch.full((len(seqs), max(len(x) for x in seqs)), vocab.PAD_ID, dtype=torch.long)
     for j, x in enumerate(seqs):

@@ -33,11 +33,11 @@ from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
+from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import max_batch_tokens
 from probes.common.options import as_kwargs
 from probes.common.twins import Pairs, batches, pairs_of
-from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.heads.plot import plot_heads
 from tasks import vocab
 from tasks.base import POOLED

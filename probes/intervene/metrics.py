@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.twins import Pairs
-from probes.fit.cv import N_BOOT, GroupBootstrap
 
 METRICS = ("accuracy", "flip_rate", "logit_diff")
 

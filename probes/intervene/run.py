@@ -31,6 +31,7 @@ from fbt_probe.loading import random_init_like, resolve_model
 from fbt_probe.patching import clean_run, patched_output
 from fbt_probe.prefill import Prefill, parse_prefill, parse_prefills
 from probes.analysis import Result
+from probes.common.bootstrap import N_BOOT
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
 from probes.common.twins import (
@@ -45,7 +46,7 @@ from probes.common.twins import (
     window_mask,
 )
 from probes.fit.artifacts import load_probes
-from probes.fit.cv import N_BOOT, grouped_splits
+from probes.fit.cv import grouped_splits
 from probes.fit.run import versions
 from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise

@@ -27,11 +27,11 @@ from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from probes.analysis import Result
+from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
-from probes.common.extract import _batches, max_batch_tokens, parse_site, site_positions
+from probes.common.extract import length_batches, max_batch_tokens, parse_site, site_positions
 from probes.common.options import as_kwargs
-from probes.common.twins import _padded as padded
-from probes.fit.cv import N_BOOT, GroupBootstrap
+from probes.common.twins import padded
 from probes.lens.plot import plot_lens
 from tasks import get_task, vocab
 from tasks.base import POOLED
@@ -83,7 +83,7 @@ def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, 
     total, done = sum(len(i) for _, i in sets), 0
     for ds, chosen in sets:
         lengths = ds.colon_index + 1
-        for part in _batches(lengths[chosen], batch_size, max_batch_tokens(model)):
+        for part in length_batches(lengths[chosen], batch_size, max_batch_tokens(model)):
             idx = chosen[part]
             toks = prompts(ds, idx, lengths, device)
             t = torch.arange(toks.shape[1], device=device)[None]
@@ -103,7 +103,7 @@ def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.nda
     lengths = np.maximum(ds.colon_index, where[0]) + 1
     parts: dict[str, list] = {}
     order: list[np.ndarray] = []  # positions in ``idx`` of each batch's examples
-    for part in _batches(lengths[idx], batch_size, max_batch_tokens(model)):
+    for part in length_batches(lengths[idx], batch_size, max_batch_tokens(model)):
         b = idx[part]
         toks = prompts(ds, b, lengths, device)
         at, answer = (torch.as_tensor(w[b], device=device) for w in where)

@@ -28,10 +28,10 @@ from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.analysis import Result
+from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
-from probes.common.extract import _batches, max_batch_tokens
+from probes.common.extract import length_batches, max_batch_tokens
 from probes.common.options import as_kwargs
-from probes.fit.cv import N_BOOT, GroupBootstrap
 from probes.lens.run import answer_positions, prompts
 from probes.trajectory.plot import plot_trajectory
 from tasks import vocab
@@ -73,7 +73,7 @@ def collect(model, ds: Dataset, passes: int, batch_size: int, progress=None) -> 
     gates: list[list[float]] = [[] for _ in CLASSES]
     built_in = getattr(model, "encoding", None) is None
     done = 0
-    for idx in _batches(lengths, batch_size, max_batch_tokens(model)):
+    for idx in length_batches(lengths, batch_size, max_batch_tokens(model)):
         toks = prompts(ds, idx, lengths, device)
         ps = pass_states(model, toks, torch.as_tensor(lengths[idx], device=device), passes)
         d = distance_to_last(ps.states).cpu().numpy()  # (passes, b, T)

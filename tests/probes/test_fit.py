@@ -13,8 +13,9 @@ from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import FBTConfig
 from fbt_probe.stack import FBTModel
+from probes.common.bootstrap import bootstrap_ci
 from probes.common.extract import extract_cached, extract_features
-from probes.fit.cv import bootstrap_ci, cross_validate, grouped_splits, make_probe, permute_by_group
+from probes.fit.cv import cross_validate, grouped_splits, make_probe, permute_by_group
 from probes.fit.results import layer0_table, load_results
 from tasks.dataset import load
 from tasks.generate import generate_dataset
@@ -344,16 +345,16 @@ def test_extraction_batches_keep_under_a_token_budget():
     from types import SimpleNamespace
 
     from fbt_probe.loading import resolve_model
-    from probes.common.extract import _batches, max_batch_tokens
+    from probes.common.extract import length_batches, max_batch_tokens
 
     lengths = np.array([5, 3, 9, 4, 8, 2, 7])
-    groups = [g.tolist() for g in _batches(lengths, batch_size=3, max_tokens=16)]
+    groups = [g.tolist() for g in length_batches(lengths, batch_size=3, max_tokens=16)]
     assert sorted(i for g in groups for i in g) == list(range(7))
     for g in groups:
         assert len(g) <= 3 and len(g) * lengths[g].max() <= 16
     assert groups == [[5, 1, 3], [0, 6], [4], [2]]  # lengths 2 3 4 | 5 7 | 8 | 9
     # no budget: batch_size examples at a time, as before
-    assert [len(g) for g in _batches(lengths, 3)] == [3, 3, 1]
+    assert [len(g) for g in length_batches(lengths, 3)] == [3, 3, 1]
     # the built-in model's longest prompts fit 128 at a time; a 30-layer, 576-wide one does not
     model, _ = resolve_model("default")
     assert max_batch_tokens(model) >= 128 * 300

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
 from fbt_probe.loading import resolve_model
-from probes.fit.cv import GroupBootstrap
+from probes.common.bootstrap import GroupBootstrap
 from tasks.generate import generate_dataset
 
 FAMILIES = ("llama", "gpt2", "qwen2", "gpt_neox")
