@@ -16,9 +16,9 @@ def write_table(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def write_json(doc: dict, path: Path) -> Path:
+def write_json(doc: dict, path: Path, indent: int = 1) -> Path:
     """``doc`` as indented JSON at ``path``, written whole or not at all."""
-    text = json.dumps(doc, indent=1)
+    text = json.dumps(doc, indent=indent)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n"))
     return path
 

@@ -10,7 +10,6 @@ labels (which must land at chance).
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
@@ -31,6 +30,7 @@ from fbt_probe.prefill import PREFILLS, parse_prefill, parse_prefills
 from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
+from probes.common.tables import write_json, write_table
 from probes.fit.artifacts import fit_and_save
 from probes.fit.cv import N_FOLDS, fit_cell, permute_by_group
 from probes.fit.plot import plot_all
@@ -39,7 +39,7 @@ from probes.fit.results import entry_depth, format_layer0, layer0_table
 from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write, check_output_dir, claims
+from tasks.safe_files import check_output_dir, claims
 
 COLUMNS = [
     "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
@@ -332,13 +332,8 @@ def versions() -> dict:
 
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
 
-    atomic_write(
-        out / "probe_results.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g")
-    )
-    atomic_write(
-        out / "probe_results.json",
-        lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"),
-    )
+    write_table(df, out / "probe_results.csv")
+    write_json(meta, out / "probe_results.json", indent=2)
 
 
 def run(options, progress=None) -> Result:

@@ -20,7 +20,6 @@ Writes ``heads.csv``, ``heads_pattern.csv``, ``heads.json`` and two figures per 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -37,11 +36,12 @@ from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import max_batch_tokens
 from probes.common.options import as_kwargs
+from probes.common.tables import write_json, write_table
 from probes.common.twins import Pairs, batches, pairs_of
 from probes.heads.plot import plot_heads
 from tasks import vocab
 from tasks.base import POOLED
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import check_output_dir
 
 COLUMNS = ["task", "metric", "pass", "layer", "head", "distractors", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -199,11 +199,9 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
 
 def _write(out: Path, df: pd.DataFrame, pattern: pd.DataFrame, meta: dict, plot) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    for frame, stem in ((df, "heads"), (pattern, "heads_pattern")):
-        atomic_write(out / f"{stem}.csv",
-                     lambda tmp, f=frame: f.to_csv(tmp, index=False, float_format="%.6g"))  # fmt: skip
-    doc = json.dumps(meta, indent=1)
-    atomic_write(out / "heads.json", lambda tmp: Path(tmp).write_text(doc + "\n"))
+    write_table(df, out / "heads.csv")
+    write_table(pattern, out / "heads_pattern.csv")
+    write_json(meta, out / "heads.json")
     lines = []
     for t in meta["tasks"]:
         plot(df, pattern, t, out / "figures")

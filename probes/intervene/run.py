@@ -14,7 +14,6 @@ rescaled so that 1 = the clean run and 0 = the twin run).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import astuple
@@ -34,6 +33,7 @@ from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
+from probes.common.tables import write_json, write_table
 from probes.common.twins import (
     WINDOWS,
     PairBatch,
@@ -55,7 +55,7 @@ from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_intervent
 from probes.intervene.report import headline, headlines
 from tasks import get_task, target_names
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write, check_output_dir, claims
+from tasks.safe_files import check_output_dir, claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
 # while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
@@ -298,10 +298,8 @@ def run_intervene(
             "alphas": list(ALPHAS), "windows": list(WINDOWS), "runs": meta_runs,
             "probes": str(probes_dir) if probes is not None else None, "versions": versions()}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "interventions.csv",
-                 lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))  # fmt: skip
-    atomic_write(out / "interventions.json",
-                 lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))  # fmt: skip
+    write_table(df, out / "interventions.csv")
+    write_json(meta, out / "interventions.json", indent=2)
     return df
 
 

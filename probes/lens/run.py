@@ -14,7 +14,6 @@ depth per task.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +30,13 @@ from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import length_batches, max_batch_tokens, parse_site, site_positions
 from probes.common.options import as_kwargs
+from probes.common.tables import write_json, write_table
 from probes.common.twins import padded
 from probes.lens.plot import plot_lens
 from tasks import get_task, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import check_output_dir
 
 COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
            "n"]  # fmt: skip
@@ -189,9 +189,8 @@ def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -
     out.mkdir(parents=True, exist_ok=True)
     if fitted is not None:
         fitted.save(out / "tuned_lens")
-    atomic_write(out / "lens.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
-    text = json.dumps(doc, indent=1) + "\n"
-    atomic_write(out / "lens.json", lambda tmp: Path(tmp).write_text(text))
+    write_table(df, out / "lens.csv")
+    write_json(doc, out / "lens.json")
 
 
 def check_position(position: str, tasks) -> None:

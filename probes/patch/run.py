@@ -25,7 +25,6 @@ by position are patched. Writes ``patch.csv`` (the columns of ``interventions.cs
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -42,12 +41,13 @@ from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens
+from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
 from probes.intervene.run import pick_depths
 from probes.patch.plot import findings, plot_patch
 from tasks import get_task
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import check_output_dir
 
 KINDS = ("resid", "head", "path")
 BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
@@ -260,9 +260,8 @@ def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
     """``patch.csv``, ``patch.json`` and the figures; returns the summary lines."""
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "patch.csv", lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
-    doc = json.dumps(meta, indent=1)
-    atomic_write(out / "patch.json", lambda tmp: Path(tmp).write_text(doc + "\n"))
+    write_table(df, out / "patch.csv")
+    write_json(meta, out / "patch.json")
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
     plot_patch(df, meta["task"], where, out / "figures")
     lines = findings(df, meta["task"], where)

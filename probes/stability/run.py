@@ -18,9 +18,10 @@ from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
 from probes.analysis import Result
+from probes.common.tables import write_table
 from probes.stability.plot import plot_soft, plot_stability
 from tasks import get_task, task_names, vocab
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import check_output_dir
 
 # the prompt long SOFT decoding continues: a delayed_memory prompt with one distractor
 SOFT_PROMPT = ("<bos>", "SET", "ONE", "the", "cat", ":")
@@ -56,7 +57,7 @@ def verdict_line(label: str, traj: list[dict]) -> str:
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
-    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
+    write_table(df, path)
 
 
 def soft_prompt_ids(model) -> list[int]:

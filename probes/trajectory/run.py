@@ -16,7 +16,6 @@ Writes ``trajectory.csv``, ``trajectory_pca.csv``, ``trajectory.json`` and one f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +31,13 @@ from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import length_batches, max_batch_tokens
 from probes.common.options import as_kwargs
+from probes.common.tables import write_json, write_table
 from probes.lens.run import answer_positions, prompts
 from probes.trajectory.plot import plot_trajectory
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import check_output_dir
 
 COLUMNS = ["task", "metric", "pass", "from_answer", "distractors", "token_class", "value", "ci_low",
            "ci_high", "n"]  # fmt: skip
@@ -197,13 +197,10 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
     df, pca = pd.DataFrame(rows, columns=COLUMNS), pd.concat(pcas, ignore_index=True)
     df = df.astype({"pass": "Int64", "from_answer": "Int64", "n": "Int64"})
     out.mkdir(parents=True, exist_ok=True)
-    for frame, stem in ((df, "trajectory"), (pca, "trajectory_pca")):
-        atomic_write(
-            out / f"{stem}.csv",
-            lambda tmp, f=frame: f.to_csv(tmp, index=False, float_format="%.6g"),
-        )
-    doc = json.dumps({"model": name, "passes": passes, "seed": seed, "pca_variance": var}, indent=1)
-    atomic_write(out / "trajectory.json", lambda tmp: Path(tmp).write_text(doc + "\n"))
+    write_table(df, out / "trajectory.csv")
+    write_table(pca, out / "trajectory_pca.csv")
+    write_json({"model": name, "passes": passes, "seed": seed, "pca_variance": var},
+               out / "trajectory.json")  # fmt: skip
     for t in task_list:
         plot_trajectory(df, pca, t, out / "figures")
         lines.append(headline(df, t))
