@@ -25,6 +25,11 @@ class Registry(Mapping):
         self._items: dict[str, T] = {}
         self._builtins = builtins
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the built-in entries have been registered (they are on first use)."""
+        return self._builtins is None
+
     def _load(self) -> None:
         if self._builtins is not None:
             load, self._builtins = self._builtins, None

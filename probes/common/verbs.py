@@ -108,7 +108,7 @@ def help_lists() -> dict[str, str]:
     import importlib.util
 
     from probes import ANALYSES
-    from tasks import task_names
+    from tasks import TASK_NAMES, TASKS, task_names
 
     recipes = (
         Path(importlib.util.find_spec("fbt_probe").submodule_search_locations[0])
@@ -118,7 +118,12 @@ def help_lists() -> dict[str, str]:
     names = sorted(
         (p.stem for p in recipes.glob("*.toml")), key=lambda n: (n != "default", n.lower())
     )
-    lists = {"tasks": task_names(), "recipes": names, "analyses": tuple(ANALYSES)}
+    # the built-in tasks' names need not import them (and numpy): a help shows them as they are
+    lists = {
+        "tasks": task_names() if TASKS.loaded else TASK_NAMES,
+        "recipes": names,
+        "analyses": tuple(ANALYSES),
+    }
 
     class Interventions(dict):  # the registry imports torch: only where a help names it
         def __missing__(self, key):
