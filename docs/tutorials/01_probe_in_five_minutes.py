@@ -45,7 +45,7 @@ N_GROUPS = int(os.environ.get("FBT_TUTORIAL_GROUPS", "60"))
 # the fed-back state: 0, block 0's input, in the paper's design.
 
 # %%
-from fbt_probe.loading import resolve_model
+from fbt_probe import resolve_model
 
 model, name = resolve_model("default")
 cfg = model.cfg
@@ -61,8 +61,7 @@ print(
 # folds split by group, so no instance is both trained and tested on.
 
 # %%
-from tasks.dataset import load
-from tasks.generate import generate_dataset
+from tasks import generate_dataset, load_dataset
 
 path = generate_dataset(
     "delayed_memory",
@@ -72,7 +71,7 @@ path = generate_dataset(
     seed=0,
     force=True,
 )
-ds = load(path)
+ds = load_dataset(path)
 print(len(ds), "examples in", len(set(ds.group)), "groups; the first:", ds.text[0])
 
 # %% [markdown]
@@ -144,7 +143,7 @@ drawn["prefill_by_depth"]["delayed_memory/label"].round(3)
 # tables you can sort and heatmaps that show each cell's interval and n on hover.
 
 # %%
-from probes.report.markdown import write_report
+from probes import write_report
 
 md = write_report(OUT / "results")
 html = md.with_suffix(".html")

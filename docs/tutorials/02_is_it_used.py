@@ -41,8 +41,7 @@ N_GROUPS = int(os.environ.get("FBT_TUTORIAL_GROUPS", "60"))
 # `done_tracking` (count steps until done).
 
 # %%
-from tasks.dataset import load
-from tasks.generate import generate_dataset
+from tasks import generate_dataset, load_dataset
 
 data = {
     task: generate_dataset(
@@ -56,7 +55,7 @@ data = {
     )
     for task in ("delayed_memory", "done_tracking")
 }
-ds = load(data["delayed_memory"])
+ds = load_dataset(data["delayed_memory"])
 row = 0
 print("example:", ds.text[row])
 print(
@@ -84,7 +83,7 @@ print(
 # recurrence that decoding computes.
 
 # %%
-from fbt_probe.loading import resolve_model
+from fbt_probe import resolve_model
 from probes.intervene.run import run_intervene
 
 model, name = resolve_model("default")

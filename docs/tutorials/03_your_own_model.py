@@ -56,7 +56,7 @@ print("model folder:", folder)
 # (`fbt-probe train --init-from FOLDER --config upcycle`, `docs/hf.md`).
 
 # %%
-from fbt_probe.loading import resolve_model
+from fbt_probe import resolve_model
 
 model, name = resolve_model(str(folder))
 print(f"{name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, {model.n_heads} heads")
@@ -68,8 +68,7 @@ print(f"{name}: {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, {model
 # and records where the colon and the label word fall.
 
 # %%
-from tasks.dataset import load
-from tasks.generate import generate_dataset
+from tasks import generate_dataset, load_dataset
 
 path = generate_dataset(
     "delayed_memory",
@@ -80,7 +79,7 @@ path = generate_dataset(
     tokenizer=str(folder),
     force=True,
 )
-ds = load(path)
+ds = load_dataset(path)
 print(len(ds), "examples; the first:", ds.text[0], "->", len(ds.token_ids[0]), "tokens")
 
 # %% [markdown]
