@@ -23,11 +23,11 @@ def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
     by = {(r.k, r.from_answer): r for r in g.itertuples(index=False)}
     logs = np.log10(np.clip(g.value.to_numpy(dtype=float), 1e-9, None))
 
-    def cell(k, offset):
-        r = by.get((k, offset))
+    def cell(k, from_answer):
+        r = by.get((k, from_answer))
         if r is None:
             return None
-        tip = (f"{task}, pass {k}, position {offset} (0: where the answer is next)\n"
+        tip = (f"{task}, pass {k}, position {from_answer} (0: where the answer is next)\n"
                f"distance to the last pass {r.value:.3g}\nn = {int(r.n)} examples")  # fmt: skip
         return float(np.log10(max(r.value, 1e-9))), tip, f"{r.value:.1g}"
 

@@ -1,8 +1,8 @@
 """``fbt-probe trajectory``: how the states move over Jacobi passes 1..K, per task.
 
 - ``convergence``: ||h^(k) - h^(K)|| / ||h^(K)|| by pass and position, counted back from the
-  position whose next token is the answer (offset 0; ``lens_run.answer_positions``), mean over
-  examples;
+  position whose next token is the answer (``from_answer`` 0; ``probes.lens.run
+  .answer_positions``), mean over examples;
 - ``accuracy`` and ``flip_rate``: the answer as the top token at that position in each pass,
   and how many examples change their top token from pass k - 1 to pass k, by distractor count;
 - ``gate``: the fusion's gate sigma(W_G e_t), mean over its width, by token class: the
