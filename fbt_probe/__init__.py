@@ -11,7 +11,7 @@ Passes are counted from 1 everywhere: ``at(fn, on_pass=2)``, ``caches.of_pass(2)
 ``hook.ctx["pass_number"]``, the CLI's ``--pass`` and every table's ``pass`` column.
 """
 
-import importlib
+from tasks import imports
 
 __version__ = "0.2.0"
 
@@ -47,21 +47,15 @@ _SURFACE = {
 __all__ = ["__version__", *_SURFACE]
 
 
-def __getattr__(name: str):
-    if name not in _SURFACE:
-        raise AttributeError(f"module 'fbt_probe' has no attribute {name!r}")
-    module, _, attr = _SURFACE[name].partition(":")
-    return getattr(importlib.import_module(module), attr or name)
+__getattr__ = imports.lazy_attributes("fbt_probe", _SURFACE)
 
 
 def __dir__():
     return sorted(__all__)
 
 
-from tasks import moved  # noqa: E402
-
 # modules that moved when fbt_probe was laid out by concern
-moved.install(
+imports.install(
     {
         "fbt_probe.convert": "fbt_probe.hf.convert",
         "fbt_probe.hf_tiny": "fbt_probe.hf.tiny",

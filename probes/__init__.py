@@ -23,10 +23,10 @@ from probes.analysis import (
     get_analysis,
     register_analysis,
 )
-from tasks import moved
+from tasks import imports
 
 # modules of the flat layout, each now in its analysis's folder
-moved.install(
+imports.install(
     {
         "probes.artifacts": "probes.fit.artifacts",
         "probes.erasers": "probes.intervene.erasers",
@@ -76,7 +76,9 @@ _LAZY = {
     "option": "probes.common.options",
     **{f"{name.title()}Options": f"probes.{name}.options" for name in BUILTIN},
 }
-RUNNERS = {f"run_{name}": name for name in ANALYSES}
+# run_fit, run_lens, ...: the registered analyses themselves (calling one runs it)
+RUNNERS = {f"run_{name}": analysis for name, analysis in ANALYSES.items()}
+globals().update(RUNNERS)
 
 __all__ = [
     "ANALYSES", "Analysis", "Figure", "Result", "analysis_names", "get_analysis", "option",
@@ -84,10 +86,4 @@ __all__ = [
 ]  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name in RUNNERS:
-        return ANALYSES[RUNNERS[name]]
-    if name in _LAZY:
-        module, _, attr = _LAZY[name].partition(":")
-        return getattr(importlib.import_module(module), attr or name)
-    raise AttributeError(f"module 'probes' has no attribute {name!r}")
+__getattr__ = imports.lazy_attributes("probes", _LAZY)

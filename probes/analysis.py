@@ -20,11 +20,11 @@ with a toy analysis.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
+from tasks import imports
 from tasks.registry import Registry
 
 
@@ -58,10 +58,7 @@ class Result:
 
 def resolve(fn):
     """``fn`` itself, or the attribute a ``"module:attribute"`` string names."""
-    if not isinstance(fn, str):
-        return fn
-    module, _, attr = fn.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return imports.resolve(fn) if isinstance(fn, str) else fn
 
 
 class Analysis:
@@ -117,8 +114,7 @@ class Analysis:
             changes["model"] = model
         if changes:
             opts = replace(opts, **changes)
-        res = resolve(self.run)(opts, progress)
-        return res if isinstance(res, Result) else Result(*res)
+        return resolve(self.run)(opts, progress)
 
     def redraw(self, results: Path) -> int:
         """Its figures, redrawn from its tables under ``results`` (0 where it has none)."""

@@ -20,12 +20,10 @@ a new task is one module that registers itself.
 
 from __future__ import annotations
 
-import importlib
-
-from tasks import moved
+from tasks import imports
 from tasks.registry import Registry
 
-moved.install({"tasks.files": "tasks.safe_files"})
+imports.install({"tasks.files": "tasks.safe_files"})
 
 TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
 
@@ -51,8 +49,7 @@ def register_task(task, *, replace: bool = False):
     for attr in ("Params", "draw_bases", "render", "generate", "sample"):
         if not hasattr(task, attr):
             raise ValueError(f"task {name!r} lacks {attr}")
-    if name in TASKS and not replace:
-        TASKS.add(name, task)  # refused, in the registries' own words
+    TASKS.check(name, replace=replace)  # before its tokens join the vocabulary
     from tasks import vocab  # here, not above: the CLI imports this package to list its verbs
 
     vocab.extend(getattr(task, "TOKENS", ()))
@@ -82,16 +79,11 @@ def stratum(task: str) -> str | None:
 
 
 # the rest of the surface, imported on first use (the CLI imports this package to list its verbs)
-_LAZY = {"vocab": "tasks.vocab", "Example": "tasks.base:Example", "POOLED": "tasks.base:POOLED",
+_LAZY = {"vocab": "tasks.vocab:", "Example": "tasks.base:Example", "POOLED": "tasks.base:POOLED",
          "generate_dataset": "tasks.generate:generate_dataset", "load_dataset": "tasks.dataset:load",
          "Dataset": "tasks.dataset:Dataset", "Registry": "tasks.registry:Registry"}  # fmt: skip
 __all__ = ["TASKS", "TASK_NAMES", "register_task", "get_task", "task_names", "target_names",
            "stratum", *_LAZY]  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
-    module, _, attr = _LAZY[name].partition(":")
-    found = importlib.import_module(module)
-    return getattr(found, attr) if attr else found
+__getattr__ = imports.lazy_attributes("tasks", _LAZY)

@@ -36,9 +36,15 @@ class Registry(Mapping):
             load()
 
     def add(self, name: str, entry: T, *, replace: bool = False) -> T:
-        """Register ``entry`` under ``name`` (one word; an identifier where the registry asks
-        for one: a name that becomes a command or a keyword); a second entry of the same name
-        is refused unless ``replace``."""
+        """Register ``entry`` under ``name`` (see ``check``)."""
+        self.check(name, replace=replace)
+        self._items[name] = entry
+        return entry
+
+    def check(self, name: str, *, replace: bool = False) -> None:
+        """Refuse a name ``add`` would refuse: not one word (an identifier where the registry
+        asks for one: a name that becomes a command or a keyword), or already registered
+        unless ``replace``."""
         self._load()
         if not isinstance(name, str) or not name or any(c in name for c in ", \t\n"):
             raise ValueError(f"a {self.kind} needs a one-word name, got {name!r}")
@@ -47,11 +53,9 @@ class Registry(Mapping):
         if name in self._items and not replace:
             raise ValueError(f"a {self.kind} named {name!r} is already registered; pass "
                              "replace=True to replace it")  # fmt: skip
-        self._items[name] = entry
-        return entry
 
     def remove(self, name: str) -> None:
-        """Take ``name`` out (a test's or a session's own entry)."""
+        """Take ``name`` out (an entry registered for a while, as a test's own)."""
         self._load()
         self._items.pop(name, None)
 

@@ -60,7 +60,9 @@ def test_the_cli_is_thin():
         ):
             body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
             bodies[node.name] = body[-1].end_lineno - body[0].lineno + 1
-    assert len(bodies) >= 10  # the walk found the commands
+    # the walk found the commands (the analyses' verbs are generated, not written here)
+    assert {"generate", "train", "recipe", "seeds_run", "seeds_merge", "convert", "eval_", "plot",
+            "reproduce", "view", "report"} <= set(bodies), sorted(bodies)  # fmt: skip
     fat = {k: n for k, n in bodies.items() if n > MAX_COMMAND_BODY}
     assert not fat, f"commands whose code passes {MAX_COMMAND_BODY} lines: {fat}"
 

@@ -4,7 +4,7 @@
 ``state`` (a run's state, checkpoints and resume checks) and ``loop`` (``train``,
 ``train_recipe``). The names of the single module this was are still found here."""
 
-import importlib
+from tasks import imports
 
 # what ``fbt_probe.train`` held as one module, by the module that holds it now
 _MOVED = {
@@ -18,10 +18,7 @@ _MOVED = {
               "TrainState", "check_run", "run_identity", "CHECKPOINT_KEYS", "check_resume",
               "check_saved_weights", "check_activation_memory", "start_state", "record_start"),
 }  # fmt: skip
-_WHERE = {name: module for module, names in _MOVED.items() for name in names}
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'fbt_probe.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"fbt_probe.train.{_WHERE[name]}"), name)
+__getattr__ = imports.lazy_attributes(
+    "fbt_probe.train",
+    {name: f"fbt_probe.train.{module}" for module, names in _MOVED.items() for name in names},
+)

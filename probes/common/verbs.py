@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from pathlib import Path
 
 import typer
 
@@ -102,36 +101,23 @@ def eager(label: str, total: int):
     return bars(label, total, delay=0.0)
 
 
-def help_lists() -> dict[str, str]:
-    """What a help text's ``{tasks}``, ``{recipes}``, ``{interventions}`` and ``{analyses}``
-    name: what is registered now, read only when that help is shown."""
-    import importlib.util
-
+def help_list(name: str) -> str:
+    """What a help text's ``{tasks}``, ``{recipes}``, ``{interventions}`` or ``{analyses}``
+    names: what is registered now, read only when that help is shown."""
     from probes import ANALYSES
     from tasks import TASK_NAMES, TASKS, task_names
 
-    recipes = (
-        Path(importlib.util.find_spec("fbt_probe").submodule_search_locations[0])
-        / "train"
-        / "recipes"
-    )
-    names = sorted(
-        (p.stem for p in recipes.glob("*.toml")), key=lambda n: (n != "default", n.lower())
-    )
-    # the built-in tasks' names need not import them (and numpy): a help shows them as they are
-    lists = {
-        "tasks": task_names() if TASKS.loaded else TASK_NAMES,
-        "recipes": names,
-        "analyses": tuple(ANALYSES),
-    }
+    if name == "recipes":
+        from fbt_probe.train.recipes import recipe_names
 
-    class Interventions(dict):  # the registry imports torch: only where a help names it
-        def __missing__(self, key):
-            from probes import INTERVENTIONS
+        return ", ".join(recipe_names())
+    if name == "interventions":  # the registry imports torch: only where a help names it
+        from probes import INTERVENTIONS
 
-            return ", ".join(INTERVENTIONS)
-
-    return Interventions({k: ", ".join(v) for k, v in lists.items()})
+        return ", ".join(INTERVENTIONS)
+    if name == "tasks":  # the built-in tasks' names need not import them (and numpy)
+        return ", ".join(task_names() if TASKS.loaded else TASK_NAMES)
+    return ", ".join(ANALYSES)
 
 
 class Command(typer.core.TyperCommand):
@@ -150,7 +136,7 @@ class Command(typer.core.TyperCommand):
         named = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
         for p in self.params:
             if getattr(p, "help", None) and named.search(p.help):
-                p.help = named.sub(lambda m, lists=help_lists(): lists[m.group(1)], p.help)
+                p.help = named.sub(lambda m: help_list(m.group(1)), p.help)
         return super().format_help(ctx, formatter)
 
 

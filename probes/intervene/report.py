@@ -163,9 +163,10 @@ def section(results: Path) -> list:
         decodable_vs_used(df, iv),
         "",
     ]
-    heat = {f"{kind}_{t}": draw for t in set(iv.task)
+    # the heatmaps of probes.intervene.plot, by its figures' stems, drawn here from the same cells
+    heat = {f"{kind}_{t}": (draw, t) for t in set(iv.task)
             for kind, draw in (("interchange", interchange), ("depth", depth))}  # fmt: skip
     for png in sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []:
-        draw = heat.get(png.stem)
-        parts.append(Figure(png, tuple(draw(iv, png.stem.split("_", 1)[1])) if draw else ()))
+        draw, task = heat.get(png.stem, (None, None))
+        parts.append(Figure(png, tuple(draw(iv, task)) if draw else ()))
     return parts

@@ -33,6 +33,7 @@ from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
+from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
 from probes.common.twins import (
     WINDOWS,
@@ -356,16 +357,12 @@ BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 def run(options, progress=None) -> Result:
     """The ``intervene`` analysis (``probes.intervene.InterveneOptions``)."""
-
-    o = options
-    done = intervene(task=o.task, prefill=o.prefill, model=o.model, data=o.data, out=o.out,
-                     probes_dir=o.probes, seed=o.seed, random_init=o.random_init,
-                     batch_size=o.batch_size, device=o.device, kinds=o.intervention,
-                     depths=o.depths, progress=progress)  # fmt: skip
+    done = intervene(**as_kwargs(options, probes="probes_dir", intervention="kinds"),
+                     progress=progress)  # fmt: skip
     if done is None:
         return Result()  # another rank of torchrun
     df, plan = done
-    out = Path(o.out)
+    out = Path(options.out)
     lines = [f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"]
     return Result({"interventions": df}, lines + headlines(df, plan, out))
 

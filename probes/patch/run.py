@@ -41,6 +41,7 @@ from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens
+from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
@@ -272,9 +273,5 @@ def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
 
 def run(options, progress=None) -> Result:
     """The ``patch`` analysis (``probes.patch.PatchOptions``)."""
-    o = options
-    df, lines = patch(model=o.model, task=o.task, prefill=o.prefill, kinds=o.kinds,
-                      pass_=o.pass_number, depths=o.depths, data=o.data, out=o.out, seed=o.seed,
-                      batch_size=o.batch_size, device=o.device, groups=o.groups,
-                      progress=progress)  # fmt: skip
+    df, lines = patch(**as_kwargs(options, pass_number="pass_"), progress=progress)
     return Result({"patch": df}, lines)
