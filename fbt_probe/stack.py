@@ -31,6 +31,34 @@ class KVCache:
         self.length = 0
 
 
+class _Growing:
+    """One of a cache's tensors as attention writes and reads it (``x[layer, :, :, a:b] = new``,
+    ``x[layer, :, :, :b]``), each write making a new tensor: autograd can then go back through
+    every step of the recurrence, where a preallocated cache written in place cannot."""
+
+    def __init__(self, n_layers: int):
+        self.layers: list[torch.Tensor | None] = [None] * n_layers
+
+    def __setitem__(self, index, value: torch.Tensor) -> None:
+        layer, span = index[0], index[-1]
+        old = self.layers[layer]
+        kept = old[:, :, : span.start] if old is not None else value[:, :, :0]
+        self.layers[layer] = torch.cat([kept, value], dim=2)
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.layers[index[0]][:, :, index[-1]]
+
+
+class GrowingKVCache(KVCache):
+    """A ``KVCache`` that keeps the autograd graph: what gradients through the exact recurrence
+    run on (``fbt_probe.attribution``); slower than the preallocated one."""
+
+    def __init__(self, cfg: FBTConfig):
+        self.k, self.v = _Growing(cfg.n_layers), _Growing(cfg.n_layers)
+        self.k_raw = _Growing(cfg.n_layers) if cfg.smear_keys else None
+        self.length = 0
+
+
 def rotary_tables(cfg: FBTConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: (n_ctx, d_head) for rotate-half rotary embeddings."""
     half = cfg.d_head // 2

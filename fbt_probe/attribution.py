@@ -1,0 +1,340 @@
+"""Attribution patching through the feedback loop: every site's patching effect estimated from
+one clean run with its backward pass and one counterfactual run (AtP, Kramár et al. 2024,
+with AtP*'s fix for queries and keys), and edge attribution between components (EAP, Syed et
+al. 2023).
+
+The metric is the answer's logit difference, summed over a batch: ``logit[clean label] -
+logit[counterfactual label]`` at each example's answer position. A site's estimate is
+``(a_twin - a_clean) . dM/da`` at the patched positions: the first-order change of the metric
+when the twin's activation replaces the clean one. Gradients flow through every pass of a
+Jacobi prefill (pass k's top states enter pass k+1's fusion) and through every step of the
+exact recurrence, so a site in pass 1 is scored by what it does to the answer of the last pass,
+as ``fbt-probe patch --pass 1`` measures it exactly.
+
+Sites (``Site``): the residual at each depth (``resid``), each head's output (``head``,
+``hook_z``), the fed-back state entering the fusion (``state``) and the fed-back state's path
+into block 0's queries, keys and values (``path``). For ``path`` queries and keys the estimate
+reads the attention pattern after the patch exactly and takes the gradient there (AtP*'s QK
+fix: a saturated softmax makes the query's or key's own gradient near zero); ``linear`` keeps
+the plain first-order estimate beside it.
+
+Edges (``Edge``): upstream nodes write into the residual (the fusion or embeddings at depth 0,
+each head, each MLP, pass k's top state fed back into pass k+1), downstream nodes read it
+(each layer's attention and MLP input, the readout). An edge's score is the upstream node's
+change dotted with the gradient at the downstream node's input alone, which for a layer's
+attention is ``dM/d resid_pre - dM/d resid_mid`` (the residual's own gradient minus the part
+that skips the layer). An upstream node's edges therefore add up to its node score.
+
+Nothing here knows tasks: callers give token batches, answer positions and label ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from fbt_probe.feedback import FeedbackModel
+from fbt_probe.prefill import Prefill
+from fbt_probe.stack import FBTModel, GrowingKVCache
+
+STATE = "fusion.hook_state"
+KINDS = ("resid", "head", "state", "path")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A patchable activation: its kind, the pass (counted from 1; None in the exact
+    recurrence), the hook and the positions (a column name) or the head (``head h``)."""
+
+    kind: str
+    pass_number: int | None
+    name: str
+    where: str
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``source`` writes into the residual that ``target`` reads, in pass ``pass_number`` (the
+    target's pass; a feedback edge's source is the pass before's top state)."""
+
+    pass_number: int | None
+    source: str
+    target: str
+
+    @property
+    def feedback(self) -> bool:
+        return self.source.startswith("feedback")
+
+
+@dataclass
+class BatchAttribution:
+    """One batch: per example, the clean and twin logit differences and each site's (edge's)
+    estimated change of the clean one."""
+
+    ld_clean: torch.Tensor  # (batch,)
+    ld_twin: torch.Tensor
+    estimate: dict[Site, torch.Tensor]  # AtP* (the QK fix where it applies)
+    linear: dict[Site, torch.Tensor]  # plain AtP
+    edges: dict[Edge, torch.Tensor]
+    twin: dict  # the twin run's activations by (hook, pass): the exact check reuses them
+    swapped: dict  # block 0's q, k, v by (hook, pass) with the twin's fed-back state
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward once what it needs has run."""
+
+
+def _capture(store: dict, detach: bool) -> Callable:
+    def hook(x, hook):
+        key = (hook.name, hook.ctx.get("pass_number"))
+        store.setdefault(key, []).append(
+            (int(hook.ctx.get("first_position", 0)), x.detach() if detach else x)
+        )
+
+    return hook
+
+
+def _joined(pieces: list, name: str) -> torch.Tensor:
+    """One activation from the pieces a hook saw (one per recurrence step), in position order
+    from position 0 (zeros before the first step it fired at: the recurrence's plain
+    position 0 has no fed-back state)."""
+    pieces = sorted(pieces, key=lambda p: p[0])
+    first, x0 = pieces[0]
+    if len(pieces) == 1 and first == 0:
+        return x0
+    dim = 2 if name.endswith("hook_pattern") else 1
+    lead = [x0.new_zeros(*x0.shape[:dim], first, *x0.shape[dim + 1 :])] if first else []
+    return torch.cat(lead + [x for _, x in pieces], dim=dim)
+
+
+def _run(model: FeedbackModel, tokens: torch.Tensor, prefill: Prefill, names: list[str],
+         grad: bool):  # fmt: skip
+    """The prefill on ``tokens`` with the activations ``names`` kept per pass: (output, pieces).
+    With ``grad`` the embeddings become the graph's leaf, so every kept activation has a
+    gradient and no weight does."""
+    store: dict = {}
+    hooks = [(n, _capture(store, not grad)) for n in names]
+    if grad:
+        hooks.insert(0, ("hook_embed", lambda x, hook: x.detach().requires_grad_(True)))
+    cache = None
+    if grad and prefill.passes is None and isinstance(model, FBTModel):
+        cache = GrowingKVCache(model.cfg)  # the preallocated one is written in place
+    with torch.set_grad_enabled(grad), model.hooks(fwd_hooks=hooks):
+        out = prefill.run(model, tokens, cache).out
+    return out, store
+
+
+def logit_diff(out, answer: torch.Tensor, clean_id: torch.Tensor, twin_id: torch.Tensor):
+    """(batch,) logit[clean_id] - logit[twin_id] at each example's ``answer`` position."""
+    rows = torch.arange(len(answer), device=answer.device)
+    lg = out.logits_at(rows, answer)
+    return lg[rows, clean_id] - lg[rows, twin_id]
+
+
+def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) -> list[str]:
+    """The hooks a sweep over ``kinds`` (and the edges) reads."""
+    L = model.cfg.n_layers
+    names = list(model.depth_hooks())
+    if "head" in kinds or edges:
+        names += [f"blocks.{i}.attn.hook_z" for i in range(L)]
+    if "state" in kinds or "path" in kinds or edges:
+        names.append(STATE)
+    if "path" in kinds:
+        names += [f"blocks.0.attn.hook_{w}" for w in "qkv"] + ["blocks.0.attn.hook_pattern"]
+    if edges:
+        names += [f"blocks.{i}.hook_resid_mid" for i in range(L)]
+    return list(dict.fromkeys(names))
+
+
+def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Tensor,
+              answer: torch.Tensor, clean_id: torch.Tensor, twin_id: torch.Tensor,
+              prefill: Prefill, columns: dict[str, torch.Tensor], after: torch.Tensor,
+              kinds: Iterable[str] = KINDS, edges: bool = False,
+              qk_fix: bool = True) -> BatchAttribution:  # fmt: skip
+    """Estimate every site of ``kinds`` in every pass of ``prefill`` for one batch of aligned
+    twins (``twin_tokens`` line up with ``tokens`` position by position).
+
+    ``columns``: {name: (batch, pos) bool}, the positions a residual or state site patches
+    together; ``after``: (batch, pos) bool, the positions a head or path site patches. With
+    ``edges``, also every edge between components (the built-in model's layout)."""
+    kinds = tuple(kinds)
+    names = site_names(model, kinds, edges)
+    if edges and f"blocks.0.hook_resid_mid" not in model.hook_dict:
+        raise ValueError(f"{getattr(model, 'loaded_as', 'this model')}: edges need each "
+                         "block's hook_resid_mid, which only the built-in model has")  # fmt: skip
+    if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
+        names = [n for n in names if not n.endswith("hook_pattern")]
+    was = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        out, store = _run(model, tokens, prefill, names, grad=True)
+        ld = logit_diff(out, answer, clean_id, twin_id)
+        keys = list(store)
+        flat = [x for k in keys for _, x in store[k]]
+        grads = torch.autograd.grad(ld.sum(), flat, allow_unused=True)
+    finally:
+        for p, w in zip(model.parameters(), was, strict=True):
+            p.requires_grad_(w)
+    it = iter(grads)
+    clean, grad = {}, {}
+    for k in keys:
+        pieces = store[k]
+        gs = [next(it) for _ in pieces]
+        clean[k] = _joined([(o, x.detach()) for o, x in pieces], k[0])
+        grad[k] = _joined([(o, torch.zeros_like(x) if g is None else g)
+                           for (o, x), g in zip(pieces, gs, strict=True)], k[0])  # fmt: skip
+    with torch.inference_mode():
+        twin_out, tstore = _run(model, twin_tokens, prefill, names, grad=False)
+        ld_twin = logit_diff(twin_out, answer, clean_id, twin_id)
+    twin = {k: _joined(v, k[0]) for k, v in tstore.items()}
+    result = BatchAttribution(ld.detach(), ld_twin, {}, {}, {}, twin, {})
+    with torch.no_grad():
+        _node_estimates(model, kinds, clean, grad, twin, columns, after, result)
+        if "path" in kinds:
+            _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk_fix)
+        if edges:
+            upto = columns.get("all", torch.ones_like(after))
+            _edge_scores(model, clean, grad, twin, upto, result)
+    return result
+
+
+def _dot(delta: torch.Tensor, g: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(batch,): sum over the positions of ``mask`` (batch, pos) and every feature."""
+    prod = (delta.float() * g.float()).reshape(*delta.shape[:2], -1).sum(-1)
+    return (prod * mask[:, : prod.shape[1]]).sum(1)
+
+
+def _node_estimates(model, kinds, clean, grad, twin, columns, after, result) -> None:
+    depth = model.depth_hooks()
+    for (name, p), a in clean.items():
+        if (name, p) not in twin:
+            continue
+        delta, g = twin[(name, p)] - a, grad[(name, p)]
+        if name in depth and "resid" in kinds:
+            sites = {Site("resid", p, name, col): m for col, m in columns.items()}
+        elif name == STATE and "state" in kinds:
+            sites = {Site("state", p, name, col): m for col, m in columns.items()}
+        elif name.endswith("attn.hook_z") and "head" in kinds:
+            for h in range(a.shape[2]):
+                s = Site("head", p, name, f"head {h}")
+                result.estimate[s] = result.linear[s] = _dot(delta[:, :, h], g[:, :, h], after)
+            continue
+        else:
+            continue
+        for s, m in sites.items():
+            result.estimate[s] = result.linear[s] = _dot(delta, g, m)
+
+
+def _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk_fix) -> None:
+    """Block 0's q, k and v as they are when the twin's fed-back state enters the fusion (each
+    position's q, k and v read only its own input, so one partial pass gives every position);
+    with ``qk_fix``, the pattern after patching the queries (keys) of every head at once, each
+    head's pattern depending on its own queries and keys only."""
+    qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
+    pat = "blocks.0.attn.hook_pattern"
+    emb = model.embed(tokens)
+    plain = model.plain_mask(*tokens.shape, None, tokens.device)
+    everywhere = torch.ones_like(after)
+    for p in sorted({p for (n, p) in twin if n == STATE}, key=lambda p: p or 0):
+        state = _put(twin[(STATE, p)], everywhere)
+        swapped = _block0(model, emb, plain, p, [(STATE, state)], qkv)
+        result.swapped.update({(n, p): x for n, x in swapped.items()})
+        for name in qkv:
+            delta, g = swapped[name] - clean[(name, p)], grad[(name, p)]
+            fix = qk_fix and prefill.passes is not None and not name.endswith("hook_v")
+            if fix:  # the clean state, only this name's q (k) swapped, at the patched positions
+                hooks = [(STATE, _put(clean[(STATE, p)], everywhere)),
+                         (name, _put(swapped[name], after))]  # fmt: skip
+                new = _block0(model, emb, plain, p, hooks, [pat])[pat]
+                dA = (new - clean[(pat, p)]) * grad[(pat, p)]  # (batch, head, query, key)
+                rows = after if name.endswith("hook_q") else everywhere
+                per_head = (dA.sum(-1) * rows[:, None, : dA.shape[2]]).sum(-1)  # (batch, head)
+                group = per_head.shape[1] // delta.shape[2]  # query heads per key-value head
+            for h in range(delta.shape[2]):
+                s = Site("path", p, name, f"head {h}")
+                result.linear[s] = _dot(delta[:, :, h], g[:, :, h], after)
+                result.estimate[s] = (
+                    per_head[:, h * group : (h + 1) * group].sum(1) if fix else result.linear[s]
+                )
+
+
+def _put(values: torch.Tensor, mask: torch.Tensor) -> Callable:
+    """A hook replacing its activation by ``values`` where ``mask`` (batch, pos) is true."""
+
+    def hook(x, hook):
+        m = mask[:, : x.shape[1]].reshape(*mask.shape[:1], -1, *[1] * (x.ndim - 2))
+        return torch.where(m, values[:, : x.shape[1]].to(x.dtype), x)
+
+    return hook
+
+
+def _block0(model, emb, plain, pass_number, hooks, read: list[str]) -> dict[str, torch.Tensor]:
+    """Block 0 of one pass over every position, the fed-back state set by ``hooks`` (the
+    states passed in are placeholders): the activations ``read``, the rest never run."""
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(x, hook):
+        got[hook.name] = x
+
+    def stop(x, hook):
+        raise _Stop
+
+    hooks = [*hooks, *[(n, keep) for n in read], ("blocks.0.hook_resid_post", stop)]
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            model.feedback_pass(emb, torch.zeros_like(emb), plain=plain, pass_number=pass_number)
+    except _Stop:
+        pass
+    return got
+
+
+def _edge_scores(model, clean, grad, twin, mask, result) -> None:
+    """Every edge of every pass (see the module docstring), summed over the positions of
+    ``mask`` (batch, pos)."""
+    L = model.cfg.n_layers
+    if model.entry_depth != 0:
+        raise ValueError("edges are scored for designs whose feedback enters block 0")
+    for p in sorted({p for (_, p) in clean}, key=lambda p: p or 0):
+        pre = [f"blocks.{i}.hook_resid_pre" for i in range(L)]
+        mid = [f"blocks.{i}.hook_resid_mid" for i in range(L)]
+        top = f"blocks.{L - 1}.hook_resid_post"
+        g = {n: grad[(n, p)] for n in (*pre, *mid, top)}
+        post = [g[pre[i + 1]] if i + 1 < L else g[top] for i in range(L)]
+        targets = {f"attn {i}": g[pre[i]] - g[mid[i]] for i in range(L)}
+        targets.update({f"mlp {i}": g[mid[i]] - post[i] for i in range(L)})
+        targets["readout"] = g[top]
+        order = {t: (int(t.split()[1]) * 2 + (t[0] == "m") if t != "readout" else 2 * L)
+                 for t in targets}  # fmt: skip
+        d = {n: twin[(n, p)] - clean[(n, p)] for n in (*pre, *mid, top)}
+        mlp_out = [(d[pre[i + 1]] if i + 1 < L else d[top]) - d[mid[i]] for i in range(L)]
+        sources = {"input": (d[pre[0]], -1)}
+        sources.update({f"mlp {i}": (mlp_out[i], 2 * i + 1) for i in range(L)})
+        for name, (delta, at) in sources.items():
+            for t, gt in targets.items():
+                if order[t] > at:
+                    result.edges[Edge(p, name, t)] = _dot(delta, gt, mask)
+        for i in range(L):
+            _head_edges(model, i, p, clean, twin, targets, order, mask, result)
+        if (STATE, p) in clean:
+            fed = twin[(STATE, p)] - clean[(STATE, p)]
+            result.edges[Edge(p, "feedback", "input")] = _dot(fed, grad[(STATE, p)], mask)
+
+
+def _head_edges(model, layer, p, clean, twin, targets, order, mask, result) -> None:
+    """Each head of ``layer``: its output's change (z through its slice of W_O) dotted with
+    every later input's gradient."""
+    blk = model.blocks[layer]
+    z = f"blocks.{layer}.attn.hook_z"
+    dz = twin[(z, p)] - clean[(z, p)]  # (batch, pos, head, d_head)
+    H, dh = dz.shape[2], dz.shape[3]
+    W = blk.attn.W_O.view(-1, H, dh) * blk.scale  # (d_model, head, d_head)
+    for t, gt in targets.items():
+        if order[t] <= 2 * layer:
+            continue
+        gz = torch.einsum("btd,dhe->bthe", gt.float(), W.float())
+        per = (dz.float() * gz).sum(-1) * mask[:, : dz.shape[1], None]  # (batch, pos, head)
+        for h, s in enumerate(per.sum(1).unbind(1)):
+            result.edges[Edge(p, f"head {layer}.{h}", t)] = s

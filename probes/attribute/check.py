@@ -1,0 +1,126 @@
+"""The exact check of an attribution sweep: which sites to patch exactly, the patched runs
+(``fbt-probe patch``'s machinery: ``clean_run``'s trace from the first patched position and
+depth on in the last pass, every later pass run whole from an earlier one), and how well the
+estimates agree with them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import spearmanr
+
+from fbt_probe.attribution import Site, attribute
+from fbt_probe.patching import clean_run, replace_where
+from probes.common.twins import PairBatch, answer_logits
+from probes.patch.run import Runner, _layer_from, _start, head_hook, resid_columns
+
+TOP_K = 10
+LOW_RANK, LOW_RECALL = 0.8, 0.7  # below these the summary warns
+
+
+def after_label(b: PairBatch) -> torch.Tensor:
+    """(batch, pos): the positions a head or path patch covers, the label through the answer."""
+    t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
+    return (t <= b.answer[:, None]) & (t >= b.label_pos[:, None])
+
+
+def batch_inputs(b: PairBatch, pairs) -> dict:
+    """What ``attribute`` takes of one batch besides the model, the prefill and the kinds."""
+    dev = b.answer.device
+    return {"tokens": b.tokens, "twin_tokens": b.twin_tokens, "answer": b.answer,
+            "clean_id": torch.as_tensor(pairs.clean_id[b.idx], device=dev),
+            "twin_id": torch.as_tensor(pairs.twin_id[b.idx], device=dev),
+            "columns": resid_columns(b), "after": after_label(b)}  # fmt: skip
+
+
+def check_sites(est: dict, check: str, seed: int) -> list[Site]:
+    """``check`` sites ('all', or a number: the top-ranked half by the size of the estimated
+    effect, the rest drawn at random from the others)."""
+    sites = list(est)
+    if check == "all":
+        return sites
+    n = min(int(check), len(sites))
+    ranked = sorted(sites, key=lambda s: -abs(1 - est[s][0]))
+    top = ranked[: (n + 1) // 2]
+    rest = ranked[len(top) :]
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(len(rest), size=min(n - len(top), len(rest)), replace=False)
+    return top + [rest[i] for i in sorted(drawn)]
+
+
+def exact_sweep(m, pairs, bs, pf, sites: list[Site], kinds, progress=None,
+                label: str = "") -> dict[Site, np.ndarray]:  # fmt: skip
+    """Per site, per pair: the exact patch's change of the clean logit difference."""
+    if not sites:
+        return {}
+    n = len(pairs)
+    out = {s: np.zeros(n) for s in sites}
+    for k, b in enumerate(bs):
+        inputs = batch_inputs(b, pairs)
+        # the twin's activations and the swapped q, k, v, as the sweep saw them
+        ref = attribute(m, prefill=pf, kinds=kinds, edges=False, **inputs)
+        with torch.inference_mode():
+            b.clean = clean_run(m, b.tokens, pf)
+            for s in sites:
+                ld = _patched_ld(m, b, pf, s, ref, inputs) - ref.ld_clean
+                out[s][b.idx] = ld.double().cpu().numpy()
+            b.clean = None
+        if progress is not None:
+            progress(k + 1, len(bs), f"{label}: exact check of {len(sites)} sites")
+    return out
+
+
+def _patched_ld(m, b, pf, s: Site, ref, inputs) -> torch.Tensor:
+    """(batch,) the logit difference with site ``s`` patched exactly."""
+    last = pf.passes is None or s.pass_number == pf.passes
+    runner = Runner(m, b, pf, None if last else s.pass_number - 1)
+    key = (s.name, s.pass_number)
+    if s.kind in ("resid", "state"):
+        mask = inputs["columns"][s.where]
+        hooks = [(s.name, replace_where(mask, ref.twin[key]))]
+        depth = m.depth_hooks().index(s.name) if s.kind == "resid" else 0
+    else:
+        after, h = inputs["after"], int(s.where.split()[1])
+        mask = after
+        values = ref.twin[key] if s.kind == "head" else ref.swapped[key]
+        hooks = [(s.name, head_hook(h, after, values))]
+        depth = int(s.name.split(".")[1]) if s.kind == "head" else 0
+    # in the recurrence every later step reads the patched one: run the stack whole
+    layer = _layer_from(m, depth) if last and pf.passes is not None else 0
+    out, first = runner(hooks, _start(mask), layer)
+    lg = answer_logits(out, b, first)
+    rows = torch.arange(len(b.idx), device=lg.device)
+    return lg[rows, inputs["clean_id"]] - lg[rows, inputs["twin_id"]]
+
+
+def agreement(df: pd.DataFrame) -> dict:
+    """Over the checked sites (all kinds, and resid and head only): Spearman's rank correlation
+    of the estimated and exact effects, the top-k recall (of the k checked sites the exact
+    patch moves most, how many the estimate ranks in its top k) and the three largest misses."""
+    out = {}
+    for scope, kinds in (("all", None), ("resid_head", ("patch_resid", "patch_head"))):
+        g = df[np.isfinite(df.exact.astype(float))]
+        if kinds is not None:
+            g = g[g.intervention.isin(kinds)]
+        out[scope] = _agree(g)
+    return out
+
+
+def _agree(g: pd.DataFrame) -> dict:
+    n = len(g)
+    if n < 3:
+        return {"checked": n, "rank_correlation": None, "top_k": None, "top_k_recall": None,
+                "misses": []}  # fmt: skip
+    est, ex = 1 - g.value.to_numpy(float), 1 - g.exact.to_numpy(float)
+    rho = spearmanr(est, ex).statistic
+    k = min(TOP_K, n // 2)
+    top_ex = set(np.argsort(-np.abs(ex))[:k])
+    top_est = set(np.argsort(-np.abs(est))[:k])
+    miss = np.argsort(-np.abs(est - ex))[:3]
+    misses = [{"pass": str(g["pass"].iloc[i]), "intervention": g.intervention.iloc[i],
+               "site": g.site.iloc[i], "positions": g.positions.iloc[i],
+               "estimate": float(g.value.iloc[i]), "exact": float(g.exact.iloc[i])}
+              for i in miss]  # fmt: skip
+    return {"checked": n, "rank_correlation": None if np.isnan(rho) else float(rho), "top_k": k,
+            "top_k_recall": len(top_ex & top_est) / k, "misses": misses}

@@ -1,0 +1,193 @@
+"""``fbt-probe attribute``: attribution patching (``fbt_probe.attribution``) between each example
+and its counterfactual twin, over every site ``fbt-probe patch`` covers, in every pass at once,
+plus the fed-back state entering the fusion, and the edges between components.
+
+Each site's estimate is the normalised logit difference the patch would leave (1: the clean
+run's, 0: the twin's), from one clean run with its backward pass and one twin run per batch,
+with 95 % intervals over groups. A sample of the sites (``--check``: the top-ranked half and a
+random half) is then patched exactly with ``patch``'s machinery, and the agreement (rank
+correlation, top-k recall, the largest misses) goes into the JSON and the summary; a low one is
+warned about in one line. Writes ``attribution.csv`` (``patch.csv``'s columns, the estimate in
+``value``, plus the plain first-order estimate and the exact patch where checked),
+``edges.csv``, ``attribution.json`` and the figures.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fbt_probe.attribution import KINDS, attribute
+from fbt_probe.device import resolve_device
+from fbt_probe.loading import resolve_model
+from fbt_probe.prefill import parse_prefill
+from probes.analysis import Result
+from probes.attribute.check import agreement, batch_inputs, check_sites, exact_sweep
+from probes.attribute.plot import findings, plot_attribution
+from probes.common.bootstrap import N_BOOT, GroupBootstrap
+from probes.common.data import load_or_generate
+from probes.common.extract import max_batch_tokens
+from probes.common.tables import write_json, write_table
+from probes.common.twins import PairBatch, batches, pairs_of
+from tasks import get_task
+from tasks.safe_files import check_output_dir
+
+COLUMNS = ["task", "prefill", "pass", "intervention", "site", "positions", "alpha", "metric",
+           "value", "ci_low", "ci_high", "n", "linear", "exact", "exact_ci_low",
+           "exact_ci_high"]  # fmt: skip
+EDGE_COLUMNS = ["task", "prefill", "pass", "source", "target", "feedback", "value", "ci_low",
+                "ci_high", "n"]  # fmt: skip
+
+
+def parse_args(prefill: str, kinds: str, edges: str, check: str):
+    """The prefill, the kinds, whether to score edges (None: auto) and the sites to check."""
+    pf = parse_prefill(prefill)
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    bad = [k for k in chosen if k not in KINDS]
+    if bad or not chosen:
+        raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"--kinds {kinds!r}: a kind is named twice")
+    if edges not in ("on", "off", "auto"):
+        raise ValueError(f"--edges {edges!r}: choose on, off or auto")
+    if check != "all" and not (check.isdigit()):
+        raise ValueError(f"--check {check!r}: give a number of sites (0: none) or 'all'")
+    return pf, tuple(chosen), {"on": True, "off": False, "auto": None}[edges], check
+
+
+def sweep(m, pairs, bs: list[PairBatch], pf, kinds, edges: bool, qk_fix: bool, progress=None,
+          label: str = "") -> dict:  # fmt: skip
+    """Every batch's attribution, gathered per pair: the clean and twin logit differences and
+    each site's (edge's) estimated change."""
+    n = len(pairs)
+    acc = {"ld_clean": np.zeros(n), "ld_twin": np.zeros(n), "estimate": {}, "linear": {},
+           "edges": {}}  # fmt: skip
+    for k, b in enumerate(bs):
+        r = attribute(m, prefill=pf, kinds=kinds, edges=edges, qk_fix=qk_fix,
+                      **batch_inputs(b, pairs))  # fmt: skip
+        acc["ld_clean"][b.idx] = r.ld_clean.double().cpu().numpy()
+        acc["ld_twin"][b.idx] = r.ld_twin.double().cpu().numpy()
+        for part in ("estimate", "linear", "edges"):
+            for key, v in getattr(r, part).items():
+                acc[part].setdefault(key, np.zeros(n))[b.idx] = v.double().cpu().numpy()
+        if progress is not None:
+            progress(k + 1, len(bs), f"{label}: attribution")
+    return acc
+
+
+def normalised(changes: dict, acc: dict, groups: np.ndarray, seed: int, shift: bool = True):
+    """{key: (value, ci_low, ci_high)}: the normalised logit difference after each change (1:
+    clean, 0: twin) with its interval over groups; ``shift=False`` gives the change itself on
+    that scale (an edge's share, 0: none, -1: the whole difference)."""
+    boot = GroupBootstrap(groups, seed, N_BOOT)
+    clean, twin = acc["ld_clean"], acc["ld_twin"]
+    full = clean.sum() - twin.sum()
+    span = boot.sums(clean) - boot.sums(twin)
+    out = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for key, d in changes.items():
+            value = float(shift) + d.sum() / full
+            draws = float(shift) + boot.sums(d) / span
+            lo, hi = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
+                np.nan, np.nan)  # fmt: skip
+            out[key] = (float(value), float(lo), float(hi))
+    return out
+
+
+def site_table(acc, exact, task, pf, seed, groups) -> pd.DataFrame:
+    """``attribution.csv``: one row per site."""
+    est = normalised(acc["estimate"], acc, groups, seed)
+    lin = normalised(acc["linear"], acc, groups, seed)
+    rows = []
+    for s, (v, lo, hi) in est.items():
+        ex = exact.get(s, (np.nan,) * 3)
+        rows.append({"task": task, "prefill": pf.name, "pass": s.pass_number or "",
+                     "intervention": f"patch_{s.kind}", "site": s.name, "positions": s.where,
+                     "alpha": np.nan, "metric": "logit_diff", "value": v, "ci_low": lo,
+                     "ci_high": hi, "n": len(groups), "linear": lin[s][0], "exact": ex[0],
+                     "exact_ci_low": ex[1], "exact_ci_high": ex[2]})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def edge_table(acc, task, pf, seed, groups) -> pd.DataFrame:
+    """``edges.csv``: one row per edge, its share of the logit difference (0: none)."""
+    rows = [{"task": task, "prefill": pf.name, "pass": e.pass_number or "", "source": e.source,
+             "target": e.target, "feedback": e.feedback, "value": v, "ci_low": lo, "ci_high": hi,
+             "n": len(groups)}
+            for e, (v, lo, hi) in normalised(acc["edges"], acc, groups, seed, shift=False).items()]  # fmt: skip
+    return pd.DataFrame(rows, columns=EDGE_COLUMNS)
+
+
+def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent",
+                   kinds="resid,head,state,path", edges="auto", check="20", qk_fix=True,
+                   data=None, out="results/attribute", seed=0, batch_size=32,
+                   device="cpu", groups=None, progress=None) -> tuple[dict, list[str]]:  # fmt: skip
+    """``fbt-probe attribute`` (see the module docstring); every argument is checked first."""
+    pf, chosen, want_edges, check = parse_args(prefill, kinds, edges, check)
+    out = Path(out)
+    if groups is not None and groups < 1:
+        raise ValueError(f"--groups must be at least 1, got {groups}")
+    get_task(task)
+    check_output_dir(out)
+    m, name = resolve_model(model, resolve_device(device))
+    m.eval()
+    has_layout = "blocks.0.hook_resid_mid" in m.hook_dict and m.entry_depth == 0
+    if want_edges and not has_layout:
+        raise ValueError(f"--edges on: {name} lacks the layout edges need (each block's "
+                         "resid_mid, feedback into block 0); use --edges off")  # fmt: skip
+    if set(chosen) & {"head", "path"} and not m.n_heads:
+        raise ValueError(f"{name}: its attention layout has no per-head hooks here; use "
+                         "--kinds resid,state")  # fmt: skip
+    want_edges = has_layout if want_edges is None else want_edges
+    pairs = pairs_of(load_or_generate(task, data, m, twins=True))
+    keep = np.flatnonzero(pairs.shift == 0)
+    if not len(keep):
+        raise ValueError(f"{task}: no twin lines up with its example position by position")
+    pairs = pairs.subset(keep)
+    if groups is not None:
+        first = np.unique(pairs.groups)[:groups]
+        pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
+    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
+    label = f"{task} {pf.name}"
+    t0 = time.monotonic()
+    acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, progress, label)
+    seconds = time.monotonic() - t0
+    est = normalised(acc["estimate"], acc, pairs.groups, seed)
+    picked = check_sites(est, check, seed)
+    exact = exact_sweep(m, pairs, bs, pf, picked, chosen, progress, label)
+    exact = normalised(exact, acc, pairs.groups, seed) if picked else {}
+    df = site_table(acc, exact, task, pf, seed, pairs.groups)
+    edf = edge_table(acc, task, pf, seed, pairs.groups) if want_edges else None
+    meta = {"model": name, "task": task, "prefill": pf.name, "kinds": list(chosen),
+            "edges": bool(want_edges), "qk_fix": qk_fix, "groups": groups,
+            "n_pairs": len(pairs), "n_batches": len(bs), "sites": len(df),
+            "seconds": seconds, "agreement": agreement(df)}  # fmt: skip
+    return {"attribution": df, "edges": edf}, write_attribution(df, edf, meta, out)
+
+
+def write_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> list[str]:
+    """The tables, the JSON and the figures; returns the summary lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(df, out / "attribution.csv")
+    if edf is not None:
+        write_table(edf, out / "edges.csv")
+    write_json(meta, out / "attribution.json")
+    plot_attribution(df, edf, meta, out / "figures")
+    lines = findings(df, edf, meta)
+    wrote = "attribution.csv" + (", edges.csv" if edf is not None else "")
+    lines.append(f"wrote {wrote} in {out} ({len(df)} sites"
+                 + (f", {len(edf)} edges" if edf is not None else "")
+                 + f") and figures in {out / 'figures'}")  # fmt: skip
+    return lines
+
+
+def run(options, progress=None) -> Result:
+    """The ``attribute`` analysis (``probes.attribute.AttributeOptions``)."""
+    tables, lines = attribute_task(**{f: getattr(options, f) for f in (
+        "model", "task", "prefill", "kinds", "edges", "check", "qk_fix", "data", "out", "seed",
+        "batch_size", "device", "groups")}, progress=progress)  # fmt: skip
+    return Result({k: v for k, v in tables.items() if v is not None}, lines)
