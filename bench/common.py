@@ -49,3 +49,18 @@ def table(rows: list[dict], cols: list[str]) -> str:
     lines = ["  ".join(c.ljust(w[c]) for c in cols), "  ".join("-" * w[c] for c in cols)]
     lines += ["  ".join(f"{r.get(c, '')}".ljust(w[c]) for c in cols) for r in rows]
     return "\n".join(lines)
+
+
+def peak_tensor_memory(fn) -> float:
+    """MiB: the most tensor memory ``fn`` holds at once beyond what existed before it, from
+    the profiler's record of every allocation (an op's own, at its start) and free."""
+    import itertools
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
+                    if e.self_cpu_memory_usage)  # fmt: skip
+    held = list(itertools.accumulate(m for _, m in events))
+    return max([0, *held]) / 2**20

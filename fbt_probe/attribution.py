@@ -87,11 +87,18 @@ class _Stop(Exception):
 
 
 def _capture(store: dict, detach: bool) -> Callable:
+    """Keep each activation the hook sees. For gradients the hook passes on a view of its own:
+    the gradient at it is then what flows through this hook's downstream alone (pass 1's
+    block-0 input is the embeddings, which pass 2 reads again, and a patch there replaces only
+    pass 1's)."""
+
     def hook(x, hook):
         key = (hook.name, hook.ctx.get("pass_number"))
-        store.setdefault(key, []).append(
-            (int(hook.ctx.get("first_position", 0)), x.detach() if detach else x)
-        )
+        # a pattern is read once, and a Hugging Face model's is read-only: kept as it is
+        own = not detach and not hook.name.endswith("hook_pattern")
+        y = x.detach() if detach else x.view_as(x) if own else x
+        store.setdefault(key, []).append((int(hook.ctx.get("first_position", 0)), y))
+        return y if own else None
 
     return hook
 
@@ -148,6 +155,35 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
     return list(dict.fromkeys(names))
 
 
+def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
+              clean_id: torch.Tensor, twin_id: torch.Tensor, prefill: Prefill,
+              names: list[str]) -> tuple[torch.Tensor, dict, dict]:  # fmt: skip
+    """One clean run of ``prefill`` and its backward pass: the logit difference (batch,), and
+    the activations of the hooks ``names`` with the gradient of the summed logit difference,
+    each {(hook, pass): (batch, pos, ...)} (pass counted from 1; None in the recurrence, whose
+    steps are joined along positions). No weight takes a gradient."""
+    was = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        out, store = _run(model, tokens, prefill, names, grad=True)
+        ld = logit_diff(out, answer, clean_id, twin_id)
+        keys = list(store)
+        flat = [x for k in keys for _, x in store[k]]
+        grads = iter(torch.autograd.grad(ld.sum(), flat, allow_unused=True))
+    finally:
+        for p, w in zip(model.parameters(), was, strict=True):
+            p.requires_grad_(w)
+    clean, grad = {}, {}
+    for k in keys:
+        pieces = store[k]
+        gs = [next(grads) for _ in pieces]
+        clean[k] = _joined([(o, x.detach()) for o, x in pieces], k[0])
+        grad[k] = _joined([(o, torch.zeros_like(x) if g is None else g)
+                           for (o, x), g in zip(pieces, gs, strict=True)], k[0])  # fmt: skip
+    return ld.detach(), clean, grad
+
+
 def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Tensor,
               answer: torch.Tensor, clean_id: torch.Tensor, twin_id: torch.Tensor,
               prefill: Prefill, columns: dict[str, torch.Tensor], after: torch.Tensor,
@@ -161,36 +197,17 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
     ``edges``, also every edge between components (the built-in model's layout)."""
     kinds = tuple(kinds)
     names = site_names(model, kinds, edges)
-    if edges and f"blocks.0.hook_resid_mid" not in model.hook_dict:
+    if edges and "blocks.0.hook_resid_mid" not in model.hook_dict:
         raise ValueError(f"{getattr(model, 'loaded_as', 'this model')}: edges need each "
                          "block's hook_resid_mid, which only the built-in model has")  # fmt: skip
     if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
         names = [n for n in names if not n.endswith("hook_pattern")]
-    was = [p.requires_grad for p in model.parameters()]
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        out, store = _run(model, tokens, prefill, names, grad=True)
-        ld = logit_diff(out, answer, clean_id, twin_id)
-        keys = list(store)
-        flat = [x for k in keys for _, x in store[k]]
-        grads = torch.autograd.grad(ld.sum(), flat, allow_unused=True)
-    finally:
-        for p, w in zip(model.parameters(), was, strict=True):
-            p.requires_grad_(w)
-    it = iter(grads)
-    clean, grad = {}, {}
-    for k in keys:
-        pieces = store[k]
-        gs = [next(it) for _ in pieces]
-        clean[k] = _joined([(o, x.detach()) for o, x in pieces], k[0])
-        grad[k] = _joined([(o, torch.zeros_like(x) if g is None else g)
-                           for (o, x), g in zip(pieces, gs, strict=True)], k[0])  # fmt: skip
+    ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names)
     with torch.inference_mode():
         twin_out, tstore = _run(model, twin_tokens, prefill, names, grad=False)
         ld_twin = logit_diff(twin_out, answer, clean_id, twin_id)
     twin = {k: _joined(v, k[0]) for k, v in tstore.items()}
-    result = BatchAttribution(ld.detach(), ld_twin, {}, {}, {}, twin, {})
+    result = BatchAttribution(ld, ld_twin, {}, {}, {}, twin, {})
     with torch.no_grad():
         _node_estimates(model, kinds, clean, grad, twin, columns, after, result)
         if "path" in kinds:
@@ -201,31 +218,38 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
     return result
 
 
+def _per_position(delta: torch.Tensor, g: torch.Tensor, keep: int = 2) -> torch.Tensor:
+    """(delta . g) summed over every dimension after the first ``keep`` (batch, pos[, head])."""
+    wide = torch.promote_types(delta.dtype, torch.float32)  # half precision sums in float32
+    return (delta.to(wide) * g.to(wide)).reshape(*delta.shape[:keep], -1).sum(-1)
+
+
 def _dot(delta: torch.Tensor, g: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(batch,): sum over the positions of ``mask`` (batch, pos) and every feature."""
-    prod = (delta.float() * g.float()).reshape(*delta.shape[:2], -1).sum(-1)
+    prod = _per_position(delta, g)
     return (prod * mask[:, : prod.shape[1]]).sum(1)
 
 
 def _node_estimates(model, kinds, clean, grad, twin, columns, after, result) -> None:
-    depth = model.depth_hooks()
+    depth = set(model.depth_hooks())
     for (name, p), a in clean.items():
         if (name, p) not in twin:
             continue
-        delta, g = twin[(name, p)] - a, grad[(name, p)]
-        if name in depth and "resid" in kinds:
-            sites = {Site("resid", p, name, col): m for col, m in columns.items()}
-        elif name == STATE and "state" in kinds:
-            sites = {Site("state", p, name, col): m for col, m in columns.items()}
-        elif name.endswith("attn.hook_z") and "head" in kinds:
-            for h in range(a.shape[2]):
+        resid = name in depth and "resid" in kinds
+        state = name == STATE and "state" in kinds
+        head = name.endswith("attn.hook_z") and "head" in kinds
+        if not (resid or state or head):
+            continue
+        prod = _per_position(twin[(name, p)] - a, grad[(name, p)], keep=3 if head else 2)
+        if head:  # (batch, pos, head): each head over the positions after the label
+            per_head = (prod * after[:, : prod.shape[1], None]).sum(1)
+            for h in range(prod.shape[2]):
                 s = Site("head", p, name, f"head {h}")
-                result.estimate[s] = result.linear[s] = _dot(delta[:, :, h], g[:, :, h], after)
+                result.estimate[s] = result.linear[s] = per_head[:, h]
             continue
-        else:
-            continue
-        for s, m in sites.items():
-            result.estimate[s] = result.linear[s] = _dot(delta, g, m)
+        for col, m in columns.items():
+            s = Site("resid" if resid else "state", p, name, col)
+            result.estimate[s] = result.linear[s] = (prod * m[:, : prod.shape[1]]).sum(1)
 
 
 def _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk_fix) -> None:
@@ -334,7 +358,8 @@ def _head_edges(model, layer, p, clean, twin, targets, order, mask, result) -> N
     for t, gt in targets.items():
         if order[t] <= 2 * layer:
             continue
-        gz = torch.einsum("btd,dhe->bthe", gt.float(), W.float())
-        per = (dz.float() * gz).sum(-1) * mask[:, : dz.shape[1], None]  # (batch, pos, head)
+        wide = torch.promote_types(dz.dtype, torch.float32)
+        gz = torch.einsum("btd,dhe->bthe", gt.to(wide), W.to(wide))
+        per = (dz.to(wide) * gz).sum(-1) * mask[:, : dz.shape[1], None]  # (batch, pos, head)
         for h, s in enumerate(per.sum(1).unbind(1)):
             result.edges[Edge(p, f"head {layer}.{h}", t)] = s

@@ -252,7 +252,7 @@ class FBTModel(FeedbackModel):
 
     def new_cache(self, batch: int, max_len: int, device=None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_len`` positions."""
-        return KVCache(self.cfg, batch, max_len, device=device)
+        return KVCache(self.cfg, batch, max_len, device=device, dtype=self.W_E.dtype)
 
     def snapshot_cache(self, cache: KVCache):
         raw = cache.k_raw.clone() if cache.k_raw is not None else None

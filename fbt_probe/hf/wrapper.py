@@ -17,6 +17,7 @@ upcycling start: a fresh fusion (``init_fusion``). Nothing is ever downloaded.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -107,6 +108,35 @@ class HFFeedbackModel(FeedbackModel):
     def n_heads(self) -> int:
         return self._n_heads
 
+    @property
+    def skips_layers(self) -> bool:
+        """Whether ``stack(from_layer=d)`` can start at decoder layer d: where position enters
+        only inside the layers (rotary), the model's own forward runs on layers d.. alone; a
+        model that adds position embeddings to its input (GPT-2) runs its stack whole."""
+        base = self.hf.base_model
+        return not any(hasattr(base, n) for n in ("wpe", "embed_positions"))
+
+    @contextmanager
+    def _layers_from(self, first: int):
+        """The base model's decoder layers (and per-layer types) from ``first`` on, for one
+        call: its forward then builds its own rotary embeddings and masks for them, and each
+        layer keeps its index into the cache."""
+        if not first:
+            yield
+            return
+        base, config = self.hf.base_model, self.hf.config
+        name = next(n for n in LAYER_LISTS if getattr(base, n, None) is self._layers)
+        types = getattr(config, "layer_types", None)
+        setattr(base, name, nn.ModuleList(list(self._layers)[first:]))
+        if types is not None:
+            config.layer_types = list(types)[first:]
+        try:
+            yield
+        finally:
+            setattr(base, name, self._layers)
+            if types is not None:
+                config.layer_types = types
+
     # ---- the interface FeedbackModel needs ---------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, pos) -> the model's own input embeddings (batch, pos, d_model)."""
@@ -149,12 +179,14 @@ class HFFeedbackModel(FeedbackModel):
     ) -> PassOutput:
         """The model's stack on inputs x (batch, pos, d_model) at positions [offset, offset+pos);
         with ``cache``, keys and values of positions >= offset are replaced."""
-        if from_layer:
-            raise ValueError("a Hugging Face model runs its stack whole (from_layer must be 0)")
+        if from_layer and not self.skips_layers:
+            raise ValueError(f"{self.cfg.architecture} adds position embeddings to its input: it "
+                             "runs its stack whole (from_layer must be 0)")  # fmt: skip
         T = x.shape[1]
         check_context(offset + T, self.cfg.n_ctx, self.context_source)
         if cache is not None:
-            have = cache.get_seq_length()
+            # the first layer run (layers below a start depth are not, and may hold less)
+            have = cache.get_seq_length(from_layer)
             if have > offset:  # a negative count removes that many (old and new transformers)
                 cache.crop(offset - have)
             elif have < offset:
@@ -167,9 +199,10 @@ class HFFeedbackModel(FeedbackModel):
             # that nobody reads the pattern of keeps the faster kernel
             config._attn_implementation = "eager"
         try:
-            out = self.hf.base_model(
-                inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
-            )
+            with self._layers_from(from_layer):
+                out = self.hf.base_model(
+                    inputs_embeds=x, position_ids=pos, cache=cache, use_cache=cache is not None
+                )
         finally:
             config._attn_implementation = impl
         return LazyPassOutput(out.last_hidden_state, self.hf.get_output_embeddings())

@@ -208,13 +208,34 @@ def test_a_recurrence_patch_resumed_from_t_equals_the_whole_patched_recurrence(m
     torch.testing.assert_close(patched_run(model, c, t, [hook]), whole.logits[:, t:], **TOL)
 
 
-def test_a_hugging_face_stack_is_never_started_from_a_depth(model):
-    from fbt_probe.patching import clean_run, patched_run
+@pytest.mark.parametrize("passes", [1, 2, None])
+def test_a_hugging_face_run_from_depth_d_equals_the_whole_stacks_run(model, passes):
+    """Where position enters inside the layers (rotary), a patched run starts at decoder layer
+    d with the model's own rotary embeddings and masks; GPT-2 adds position embeddings to its
+    input and runs whole."""
+    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
-    c = clean_run(model, toks(), Prefill(2))
-    assert not model.skips_layers and c.resid is None
-    with pytest.raises(ValueError, match="runs its stack whole"):
-        patched_run(model, c, 1, [], from_layer=1)
+    t = toks(B=3, T=11)
+    c = clean_run(model, t, Prefill(passes))
+    if model.cfg.architecture.lower().startswith("gpt2"):
+        assert not model.skips_layers and c.resid is None
+        with pytest.raises(ValueError, match="runs its stack whole"):
+            patched_run(model, c, 1, [], from_layer=1)
+        return
+    assert model.skips_layers and c.resid is not None
+    for d in range(1, model.cfg.n_layers):
+        for start in (0, 4):
+            torch.testing.assert_close(patched_run(model, c, start, [], from_layer=d),
+                                       c.logits[:, start:], **TOL)  # fmt: skip
+    # a patch at block d's input, run from d, equals the same patch run from layer 0
+    d, name = 1, "blocks.1.hook_resid_pre"
+    other = clean_run(model, toks(B=3, T=11, seed=5), Prefill(passes), keep_cache=False)
+    mask = torch.zeros_like(t, dtype=torch.bool)
+    mask[:, 10] = True
+    patch = [(name, replace_where(mask, torch.randn(3, 11, model.cfg.d_model)))]
+    torch.testing.assert_close(patched_run(model, c, 10, patch, from_layer=d),
+                               patched_run(model, c, 10, patch), **TOL)  # fmt: skip
+    assert STATE_HOOK and (other.logits - c.logits).abs().max() > 0
 
 
 def test_tiny_hf_model_script_writes_a_folder_every_command_loads(tmp_path, monkeypatch):
