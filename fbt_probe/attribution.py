@@ -151,8 +151,31 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
     if "path" in kinds:
         names += [f"blocks.0.attn.hook_{w}" for w in "qkv"] + ["blocks.0.attn.hook_pattern"]
     if edges:
-        names += [f"blocks.{i}.hook_resid_mid" for i in range(L)]
+        layout = edge_layout(model)
+        if layout == "branches":
+            names += [f"blocks.{i}.hook_{b}_in" for i in range(L) for b in ("attn", "mlp")]
+        else:
+            names += [f"blocks.{i}.hook_resid_mid" for i in range(L)]
     return list(dict.fromkeys(names))
+
+
+def edge_layout(model: FeedbackModel) -> str | None:
+    """How a model shows what each branch reads: ``resid_mid`` (the built-in model: the
+    residual between attention and MLP, each branch's input gradient derived from the
+    residual's), ``branches`` (a Hugging Face pre-norm model: ``hook_attn_in`` and
+    ``hook_mlp_in``, each branch's own copy), or None (edges cannot be scored)."""
+    hooks = model.hook_dict
+    if model.entry_depth != 0 or not model.n_heads:
+        return None
+    if "blocks.0.hook_resid_mid" in hooks:
+        return "resid_mid"
+    if "blocks.0.hook_mlp_in" in hooks and "blocks.0.hook_attn_in" in hooks:
+        try:
+            model.head_writers(0)
+        except (NotImplementedError, ValueError):
+            return None
+        return "branches"
+    return None
 
 
 def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
@@ -197,9 +220,10 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
     ``edges``, also every edge between components (the built-in model's layout)."""
     kinds = tuple(kinds)
     names = site_names(model, kinds, edges)
-    if edges and "blocks.0.hook_resid_mid" not in model.hook_dict:
-        raise ValueError(f"{getattr(model, 'loaded_as', 'this model')}: edges need each "
-                         "block's hook_resid_mid, which only the built-in model has")  # fmt: skip
+    if edges and edge_layout(model) is None:
+        raise ValueError(f"{getattr(model, 'loaded_as', 'this model')}: edges need a sequential "
+                         "pre-norm layout (each branch's input, heads that write through an "
+                         "output projection without a bias) and feedback into block 0")  # fmt: skip
     if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
         names = [n for n in names if not n.endswith("hook_pattern")]
     ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names)
@@ -315,31 +339,45 @@ def _block0(model, emb, plain, pass_number, hooks, read: list[str]) -> dict[str,
     return got
 
 
+def _branch_inputs(model, p, clean, grad, twin):
+    """Per layer: the gradient at what its attention and its MLP each read, and the change of
+    the residual between them."""
+    L = model.cfg.n_layers
+    pre = [(f"blocks.{i}.hook_resid_pre", p) for i in range(L)]
+    top = (f"blocks.{L - 1}.hook_resid_post", p)
+    post = [grad[pre[i + 1]] if i + 1 < L else grad[top] for i in range(L)]
+    if edge_layout(model) == "branches":
+        attn = [grad[(f"blocks.{i}.hook_attn_in", p)] for i in range(L)]
+        mids = [(f"blocks.{i}.hook_mlp_in", p) for i in range(L)]
+        mlp = [grad[m] for m in mids]
+    else:  # d resid_pre = d attn input + d resid_mid; d resid_mid = d mlp input + d resid_post
+        mids = [(f"blocks.{i}.hook_resid_mid", p) for i in range(L)]
+        attn = [grad[pre[i]] - grad[mids[i]] for i in range(L)]
+        mlp = [grad[mids[i]] - post[i] for i in range(L)]
+    d_mid = [twin[m] - clean[m] for m in mids]
+    return attn, mlp, d_mid
+
+
 def _edge_scores(model, clean, grad, twin, mask, result) -> None:
     """Every edge of every pass (see the module docstring), summed over the positions of
     ``mask`` (batch, pos)."""
     L = model.cfg.n_layers
-    if model.entry_depth != 0:
-        raise ValueError("edges are scored for designs whose feedback enters block 0")
     for p in sorted({p for (_, p) in clean}, key=lambda p: p or 0):
-        pre = [f"blocks.{i}.hook_resid_pre" for i in range(L)]
-        mid = [f"blocks.{i}.hook_resid_mid" for i in range(L)]
-        top = f"blocks.{L - 1}.hook_resid_post"
-        g = {n: grad[(n, p)] for n in (*pre, *mid, top)}
-        post = [g[pre[i + 1]] if i + 1 < L else g[top] for i in range(L)]
-        targets = {f"attn {i}": g[pre[i]] - g[mid[i]] for i in range(L)}
-        targets.update({f"mlp {i}": g[mid[i]] - post[i] for i in range(L)})
-        targets["readout"] = g[top]
+        attn, mlp, d_mid = _branch_inputs(model, p, clean, grad, twin)
+        pre = [(f"blocks.{i}.hook_resid_pre", p) for i in range(L)]
+        top = (f"blocks.{L - 1}.hook_resid_post", p)
+        targets = {f"attn {i}": attn[i] for i in range(L)}
+        targets.update({f"mlp {i}": mlp[i] for i in range(L)})
+        targets["readout"] = grad[top]
         order = {t: (int(t.split()[1]) * 2 + (t[0] == "m") if t != "readout" else 2 * L)
                  for t in targets}  # fmt: skip
-        d = {n: twin[(n, p)] - clean[(n, p)] for n in (*pre, *mid, top)}
-        mlp_out = [(d[pre[i + 1]] if i + 1 < L else d[top]) - d[mid[i]] for i in range(L)]
+        d = {n: twin[n] - clean[n] for n in (*pre, top)}
+        mlp_out = [(d[pre[i + 1]] if i + 1 < L else d[top]) - d_mid[i] for i in range(L)]
         sources = {"input": (d[pre[0]], -1)}
         sources.update({f"mlp {i}": (mlp_out[i], 2 * i + 1) for i in range(L)})
         for name, (delta, at) in sources.items():
-            for t, gt in targets.items():
-                if order[t] > at:
-                    result.edges[Edge(p, name, t)] = _dot(delta, gt, mask)
+            prods = {t: _dot(delta, gt, mask) for t, gt in targets.items() if order[t] > at}
+            result.edges.update({Edge(p, name, t): v for t, v in prods.items()})
         for i in range(L):
             _head_edges(model, i, p, clean, twin, targets, order, mask, result)
         if (STATE, p) in clean:
@@ -350,11 +388,9 @@ def _edge_scores(model, clean, grad, twin, mask, result) -> None:
 def _head_edges(model, layer, p, clean, twin, targets, order, mask, result) -> None:
     """Each head of ``layer``: its output's change (z through its slice of W_O) dotted with
     every later input's gradient."""
-    blk = model.blocks[layer]
     z = f"blocks.{layer}.attn.hook_z"
     dz = twin[(z, p)] - clean[(z, p)]  # (batch, pos, head, d_head)
-    H, dh = dz.shape[2], dz.shape[3]
-    W = blk.attn.W_O.view(-1, H, dh) * blk.scale  # (d_model, head, d_head)
+    W = model.head_writers(layer)  # (d_model, head, d_head)
     for t, gt in targets.items():
         if order[t] <= 2 * layer:
             continue

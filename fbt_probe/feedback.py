@@ -161,6 +161,11 @@ class FeedbackModel(HookedRootModule):
         """The output head on top states h (..., d_model): the logits they give."""
         raise NotImplementedError
 
+    def head_writers(self, layer: int) -> torch.Tensor:
+        """(d_model, head, d_head): how each head's output (``hook_z``) of ``layer`` enters the
+        residual, for edge attribution."""
+        raise NotImplementedError
+
     def read_resid(self, x: torch.Tensor) -> torch.Tensor:
         """The logit lens: the final norm and the head on residuals x (..., d_model), no hook
         firing; at depth L this is the model's own output."""

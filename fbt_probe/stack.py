@@ -264,6 +264,12 @@ class FBTModel(FeedbackModel):
         if cache.k_raw is not None:
             cache.k_raw[..., start:, :].copy_(snapshot[2][..., start:, :])
 
+    def head_writers(self, layer: int) -> torch.Tensor:
+        """(d_model, head, d_head): how each head of ``layer`` writes into the residual (its
+        slice of W_O, times the block's residual scale)."""
+        blk = self.blocks[layer]
+        return blk.attn.W_O.view(-1, self.cfg.n_heads, self.cfg.d_head) * blk.scale
+
     # ---- pieces --------------------------------------------------------------------
     def read_state(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.W_E.T

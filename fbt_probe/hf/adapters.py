@@ -34,12 +34,45 @@ class AttnHooks(nn.Module):
 
 
 class BlockHooks(nn.Module):
-    def __init__(self, attention: bool):
+    def __init__(self, attention: bool, branches: bool = False):
         super().__init__()
         self.hook_resid_pre = HookPoint()  # (batch, pos, d_model): the layer's input
         self.hook_resid_post = HookPoint()  # (batch, pos, d_model): its output
         if attention:
             self.attn = AttnHooks()
+        if branches:  # TransformerLens's names: what the attention and the MLP read, each alone
+            self.hook_attn_in = HookPoint()  # (batch, pos, d_model): the input norm's input
+            self.hook_mlp_in = HookPoint()  # (batch, pos, d_model): the MLP norm's input
+
+
+BRANCH_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def branch_norms(layer: nn.Module, config) -> tuple[nn.Module, nn.Module] | None:
+    """A sequential pre-norm layer's two norms (Llama, Qwen2, Mistral, and GPT-NeoX without
+    its parallel residual): the attention reads the first's input, the MLP the second's, which
+    is the residual between them. None for any other layout."""
+    if getattr(config, "use_parallel_residual", False):
+        return None
+    if not all(isinstance(getattr(layer, n, None), nn.Module) for n in BRANCH_NORMS):
+        return None
+    return tuple(getattr(layer, n) for n in BRANCH_NORMS)
+
+
+def attach_branches(layer: nn.Module, hooks: BlockHooks, config) -> None:
+    attn_norm, mlp_norm = branch_norms(layer, config)
+    attn_norm.register_forward_pre_hook(pre_hook(hooks.hook_attn_in), with_kwargs=True)
+    mlp_norm.register_forward_pre_hook(pre_hook(hooks.hook_mlp_in), with_kwargs=True)
+
+
+def head_writer(attn: nn.Module, n_heads: int) -> torch.Tensor:
+    """(d_model, head, d_head): how each head's output (``hook_z``) enters the residual, the
+    output projection without a bias (Llama's o_proj, GPT-NeoX's dense without one)."""
+    proj = getattr(attn, "o_proj", None) or getattr(attn, "dense", None)
+    if proj is None or getattr(proj, "bias", None) is not None:
+        raise ValueError("edges need an output projection without a bias (Llama-style o_proj)")
+    W = proj.weight  # (d_model, head * d_head)
+    return W.view(W.shape[0], n_heads, -1)
 
 
 class FinalHooks(nn.Module):

@@ -6,7 +6,9 @@ plain embedding, given to the model as ``inputs_embeds``; the logits come from t
 head. Everything else is ``FeedbackModel``'s, as for the built-in model: the Jacobi forward,
 ``feedback_pass`` (so the exact recurrence, decoding, per-pass caches and the hook context work
 unchanged) and the TransformerLens hook names ``hook_embed``, ``blocks.{l}.hook_resid_pre``,
-``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized`` and ``fusion.*``. The block hooks
+``blocks.{l}.hook_resid_post``, ``ln_final.hook_normalized`` and ``fusion.*`` (and, on a
+sequential pre-norm layer, ``hook_attn_in`` and ``hook_mlp_in``: the input of the attention's
+and of the MLP's norm, each branch's own copy of the residual). The block hooks
 are HookPoints of our own, attached to the Hugging Face modules with PyTorch module hooks
 (``docs/design.md`` says why not TransformerLens's bridge).
 
@@ -33,9 +35,12 @@ from fbt_probe.hf.adapters import (
     BlockHooks,
     FinalHooks,
     attach_attention,
+    attach_branches,
     attention_of,
+    branch_norms,
     find_module,
     head_size,
+    head_writer,
     post_hook,
     pre_hook,
 )
@@ -91,13 +96,16 @@ class HFFeedbackModel(FeedbackModel):
         self._final_norm = find_module(base, FINAL_NORMS, "final norm", cfg.architecture)
         d_head = head_size(hf_model.config)
         heads = d_head is not None and all(attention_of(layer) for layer in self._layers)
-        self.blocks = nn.ModuleList([BlockHooks(heads) for _ in range(cfg.n_layers)])
+        branches = all(branch_norms(layer, hf_model.config) for layer in self._layers)
+        self.blocks = nn.ModuleList([BlockHooks(heads, branches) for _ in range(cfg.n_layers)])
         self.ln_final = FinalHooks()
         for layer, hooks in zip(self._layers, self.blocks, strict=True):
             layer.register_forward_pre_hook(pre_hook(hooks.hook_resid_pre), with_kwargs=True)
             layer.register_forward_hook(post_hook(hooks.hook_resid_post))
             if heads:
                 attach_attention(attention_of(layer), hooks.attn, d_head)
+            if branches:
+                attach_branches(layer, hooks, hf_model.config)
         self._n_heads = int(hf_model.config.num_attention_heads) if heads else 0
         self._final_norm.register_forward_hook(post_hook(self.ln_final.hook_normalized))
         self.context = context(1, None, 0)
@@ -107,6 +115,10 @@ class HFFeedbackModel(FeedbackModel):
     @property
     def n_heads(self) -> int:
         return self._n_heads
+
+    def head_writers(self, layer: int) -> torch.Tensor:
+        """(d_model, head, d_head): how each head of ``layer`` writes into the residual."""
+        return head_writer(attention_of(self._layers[layer]), self._n_heads)
 
     @property
     def skips_layers(self) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.attribution import KINDS, attribute
+from fbt_probe.attribution import KINDS, attribute, edge_layout
 from fbt_probe.device import resolve_device
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
@@ -135,10 +135,10 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     check_output_dir(out)
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
-    has_layout = "blocks.0.hook_resid_mid" in m.hook_dict and m.entry_depth == 0
+    has_layout = edge_layout(m) is not None
     if want_edges and not has_layout:
-        raise ValueError(f"--edges on: {name} lacks the layout edges need (each block's "
-                         "resid_mid, feedback into block 0); use --edges off")  # fmt: skip
+        raise ValueError(f"--edges on: {name} lacks the layout edges need (a sequential pre-norm "
+                         "stack with per-head hooks, feedback into block 0); use --edges off")  # fmt: skip
     if set(chosen) & {"head", "path"} and not m.n_heads:
         raise ValueError(f"{name}: its attention layout has no per-head hooks here; use "
                          "--kinds resid,state")  # fmt: skip

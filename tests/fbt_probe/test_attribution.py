@@ -156,3 +156,33 @@ def test_without_the_qk_fix_every_estimate_is_first_order_and_values_never_diffe
             torch.testing.assert_close(fixed.estimate[s], v)
     q = [s for s in fixed.estimate if s.kind == "path" and s.name.endswith("hook_q")]
     assert any(not torch.allclose(fixed.estimate[s], fixed.linear[s], rtol=1e-6, atol=0) for s in q)
+
+
+def test_a_hugging_face_models_edges_add_up_too(tmp_path):
+    """A pre-norm Hugging Face model shows each branch's own input (hook_attn_in, hook_mlp_in):
+    its edges add up to its node scores as the built-in model's do."""
+    pytest.importorskip("transformers")
+    from fbt_probe.hf import load_hf
+    from fbt_probe.hf.tiny import tiny_hf
+
+    tiny_hf("llama").save_pretrained(str(tmp_path))
+    model = load_hf(tmp_path).double()
+    with torch.no_grad():
+        for w in model.fusion.parameters():
+            if w.ndim == 2:
+                w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+    tokens, twin, answer, cid, tid, label = _batch()
+    cols, after = _masks(label, answer)
+    r = attribute(model, tokens, twin, answer, cid, tid, parse_prefill("recurrent"),
+                  {"all": cols["all"]}, cols["all"], edges=True)  # fmt: skip
+    sums = {}
+    for e, v in r.edges.items():
+        sums[(e.pass_number, e.source)] = sums.get((e.pass_number, e.source), 0) + float(v.sum())
+    heads = [s for s in r.estimate if s.kind == "head"]
+    assert heads
+    for s in heads:
+        layer, h = s.name.split(".")[1], s.where.split()[1]
+        assert sums[(s.pass_number, f"head {layer}.{h}")] == pytest.approx(
+            float(r.estimate[s].sum()), rel=1e-6, abs=1e-9)
+    resid0 = r.estimate[Site("resid", 2, "blocks.0.hook_resid_pre", "all")]
+    assert sums[(2, "input")] == pytest.approx(float(resid0.sum()), rel=1e-6, abs=1e-9)
