@@ -153,7 +153,9 @@ def main() -> None:
     rows = cost_rows(model, pairs, bs, args.prefill)
     rows.append(memory_row(model, pairs, bs, args.prefill))
     n = sum(len(b.idx) for b in bs)
-    print(f"model {name}; {args.task} twins, {n} pairs in {len(bs)} batches, {args.prefill} prefill")
+    print(
+        f"model {name}; {args.task} twins, {n} pairs in {len(bs)} batches, {args.prefill} prefill"
+    )
     print(table(rows, ["what", "seconds", "ratio", "goal"]))
     agree = []
     if args.agreement:

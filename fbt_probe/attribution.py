@@ -18,12 +18,9 @@ reads the attention pattern after the patch exactly and takes the gradient there
 fix: a saturated softmax makes the query's or key's own gradient near zero); ``linear`` keeps
 the plain first-order estimate beside it.
 
-Edges (``Edge``): upstream nodes write into the residual (the fusion or embeddings at depth 0,
-each head, each MLP, pass k's top state fed back into pass k+1), downstream nodes read it
-(each layer's attention and MLP input, the readout). An edge's score is the upstream node's
-change dotted with the gradient at the downstream node's input alone, which for a layer's
-attention is ``dM/d resid_pre - dM/d resid_mid`` (the residual's own gradient minus the part
-that skips the layer). An upstream node's edges therefore add up to its node score.
+Edges (``fbt_probe.edges``): the same change of each upstream node (the input of block 0, each
+head, each MLP, the state pass k feeds back into pass k+1) dotted with the gradient at each
+downstream node's own input (each layer's attention and MLP, the readout).
 
 Nothing here knows tasks: callers give token batches, answer positions and label ids.
 """
@@ -35,11 +32,15 @@ from dataclasses import dataclass
 
 import torch
 
+from fbt_probe.edges import Edge, dot_over, edge_layout, edge_scores, per_position
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.patching import STATE_HOOK
+from fbt_probe.positions import pos_dim
 from fbt_probe.prefill import Prefill
 from fbt_probe.stack import FBTModel, GrowingKVCache
 
-STATE = "fusion.hook_state"
+STATE = STATE_HOOK
+PATTERN = "blocks.0.attn.hook_pattern"  # the QK fix reads block 0's, the only one a path patches
 KINDS = ("resid", "head", "state", "path")
 
 
@@ -52,20 +53,6 @@ class Site:
     pass_number: int | None
     name: str
     where: str
-
-
-@dataclass(frozen=True)
-class Edge:
-    """``source`` writes into the residual that ``target`` reads, in pass ``pass_number`` (the
-    target's pass; a feedback edge's source is the pass before's top state)."""
-
-    pass_number: int | None
-    source: str
-    target: str
-
-    @property
-    def feedback(self) -> bool:
-        return self.source.startswith("feedback")
 
 
 @dataclass
@@ -95,23 +82,23 @@ def _capture(store: dict, detach: bool) -> Callable:
     def hook(x, hook):
         key = (hook.name, hook.ctx.get("pass_number"))
         # a pattern is read once, and a Hugging Face model's is read-only: kept as it is
-        own = not detach and not hook.name.endswith("hook_pattern")
+        own = not detach and hook.name != PATTERN
         y = x.detach() if detach else x.view_as(x) if own else x
-        store.setdefault(key, []).append((int(hook.ctx.get("first_position", 0)), y))
+        at = (int(hook.ctx.get("first_position", 0)), pos_dim(hook))
+        store.setdefault(key, []).append((at, y))
         return y if own else None
 
     return hook
 
 
-def _joined(pieces: list, name: str) -> torch.Tensor:
+def _joined(pieces: list) -> torch.Tensor:
     """One activation from the pieces a hook saw (one per recurrence step), in position order
     from position 0 (zeros before the first step it fired at: the recurrence's plain
-    position 0 has no fed-back state)."""
-    pieces = sorted(pieces, key=lambda p: p[0])
-    first, x0 = pieces[0]
+    position 0 has no fed-back state). Each piece is ((first position, position axis), x)."""
+    pieces = sorted(pieces, key=lambda p: p[0][0])
+    (first, dim), x0 = pieces[0]
     if len(pieces) == 1 and first == 0:
         return x0
-    dim = 2 if name.endswith("hook_pattern") else 1
     lead = [x0.new_zeros(*x0.shape[:dim], first, *x0.shape[dim + 1 :])] if first else []
     return torch.cat(lead + [x for _, x in pieces], dim=dim)
 
@@ -149,7 +136,7 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
     if "state" in kinds or "path" in kinds or edges:
         names.append(STATE)
     if "path" in kinds:
-        names += [f"blocks.0.attn.hook_{w}" for w in "qkv"] + ["blocks.0.attn.hook_pattern"]
+        names += [f"blocks.0.attn.hook_{w}" for w in "qkv"] + [PATTERN]
     if edges:
         layout = edge_layout(model)
         if layout == "branches":
@@ -157,25 +144,6 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
         else:
             names += [f"blocks.{i}.hook_resid_mid" for i in range(L)]
     return list(dict.fromkeys(names))
-
-
-def edge_layout(model: FeedbackModel) -> str | None:
-    """How a model shows what each branch reads: ``resid_mid`` (the built-in model: the
-    residual between attention and MLP, each branch's input gradient derived from the
-    residual's), ``branches`` (a Hugging Face pre-norm model: ``hook_attn_in`` and
-    ``hook_mlp_in``, each branch's own copy), or None (edges cannot be scored)."""
-    hooks = model.hook_dict
-    if model.entry_depth != 0 or not model.n_heads:
-        return None
-    if "blocks.0.hook_resid_mid" in hooks:
-        return "resid_mid"
-    if "blocks.0.hook_mlp_in" in hooks and "blocks.0.hook_attn_in" in hooks:
-        try:
-            model.head_writers(0)
-        except (NotImplementedError, ValueError):
-            return None
-        return "branches"
-    return None
 
 
 def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
@@ -201,9 +169,9 @@ def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
     for k in keys:
         pieces = store[k]
         gs = [next(grads) for _ in pieces]
-        clean[k] = _joined([(o, x.detach()) for o, x in pieces], k[0])
+        clean[k] = _joined([(o, x.detach()) for o, x in pieces])
         grad[k] = _joined([(o, torch.zeros_like(x) if g is None else g)
-                           for (o, x), g in zip(pieces, gs, strict=True)], k[0])  # fmt: skip
+                           for (o, x), g in zip(pieces, gs, strict=True)])  # fmt: skip
     return ld.detach(), clean, grad
 
 
@@ -225,12 +193,12 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
                          "pre-norm layout (each branch's input, heads that write through an "
                          "output projection without a bias) and feedback into block 0")  # fmt: skip
     if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
-        names = [n for n in names if not n.endswith("hook_pattern")]
+        names = [n for n in names if n != PATTERN]
     ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names)
     with torch.inference_mode():
         twin_out, tstore = _run(model, twin_tokens, prefill, names, grad=False)
         ld_twin = logit_diff(twin_out, answer, clean_id, twin_id)
-    twin = {k: _joined(v, k[0]) for k, v in tstore.items()}
+    twin = {k: _joined(v) for k, v in tstore.items()}
     result = BatchAttribution(ld, ld_twin, {}, {}, {}, twin, {})
     with torch.no_grad():
         _node_estimates(model, kinds, clean, grad, twin, columns, after, result)
@@ -238,20 +206,8 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
             _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk_fix)
         if edges:
             upto = columns.get("all", torch.ones_like(after))
-            _edge_scores(model, clean, grad, twin, upto, result)
+            edge_scores(model, clean, grad, twin, upto, result.edges)
     return result
-
-
-def _per_position(delta: torch.Tensor, g: torch.Tensor, keep: int = 2) -> torch.Tensor:
-    """(delta . g) summed over every dimension after the first ``keep`` (batch, pos[, head])."""
-    wide = torch.promote_types(delta.dtype, torch.float32)  # half precision sums in float32
-    return (delta.to(wide) * g.to(wide)).reshape(*delta.shape[:keep], -1).sum(-1)
-
-
-def _dot(delta: torch.Tensor, g: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(batch,): sum over the positions of ``mask`` (batch, pos) and every feature."""
-    prod = _per_position(delta, g)
-    return (prod * mask[:, : prod.shape[1]]).sum(1)
 
 
 def _node_estimates(model, kinds, clean, grad, twin, columns, after, result) -> None:
@@ -264,7 +220,7 @@ def _node_estimates(model, kinds, clean, grad, twin, columns, after, result) -> 
         head = name.endswith("attn.hook_z") and "head" in kinds
         if not (resid or state or head):
             continue
-        prod = _per_position(twin[(name, p)] - a, grad[(name, p)], keep=3 if head else 2)
+        prod = per_position(twin[(name, p)] - a, grad[(name, p)], keep=3 if head else 2)
         if head:  # (batch, pos, head): each head over the positions after the label
             per_head = (prod * after[:, : prod.shape[1], None]).sum(1)
             for h in range(prod.shape[2]):
@@ -282,7 +238,7 @@ def _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk
     with ``qk_fix``, the pattern after patching the queries (keys) of every head at once, each
     head's pattern depending on its own queries and keys only."""
     qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
-    pat = "blocks.0.attn.hook_pattern"
+    pat = PATTERN
     emb = model.embed(tokens)
     plain = model.plain_mask(*tokens.shape, None, tokens.device)
     everywhere = torch.ones_like(after)
@@ -303,7 +259,7 @@ def _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk
                 group = per_head.shape[1] // delta.shape[2]  # query heads per key-value head
             for h in range(delta.shape[2]):
                 s = Site("path", p, name, f"head {h}")
-                result.linear[s] = _dot(delta[:, :, h], g[:, :, h], after)
+                result.linear[s] = dot_over(delta[:, :, h], g[:, :, h], after)
                 result.estimate[s] = (
                     per_head[:, h * group : (h + 1) * group].sum(1) if fix else result.linear[s]
                 )
@@ -337,65 +293,3 @@ def _block0(model, emb, plain, pass_number, hooks, read: list[str]) -> dict[str,
     except _Stop:
         pass
     return got
-
-
-def _branch_inputs(model, p, clean, grad, twin):
-    """Per layer: the gradient at what its attention and its MLP each read, and the change of
-    the residual between them."""
-    L = model.cfg.n_layers
-    pre = [(f"blocks.{i}.hook_resid_pre", p) for i in range(L)]
-    top = (f"blocks.{L - 1}.hook_resid_post", p)
-    post = [grad[pre[i + 1]] if i + 1 < L else grad[top] for i in range(L)]
-    if edge_layout(model) == "branches":
-        attn = [grad[(f"blocks.{i}.hook_attn_in", p)] for i in range(L)]
-        mids = [(f"blocks.{i}.hook_mlp_in", p) for i in range(L)]
-        mlp = [grad[m] for m in mids]
-    else:  # d resid_pre = d attn input + d resid_mid; d resid_mid = d mlp input + d resid_post
-        mids = [(f"blocks.{i}.hook_resid_mid", p) for i in range(L)]
-        attn = [grad[pre[i]] - grad[mids[i]] for i in range(L)]
-        mlp = [grad[mids[i]] - post[i] for i in range(L)]
-    d_mid = [twin[m] - clean[m] for m in mids]
-    return attn, mlp, d_mid
-
-
-def _edge_scores(model, clean, grad, twin, mask, result) -> None:
-    """Every edge of every pass (see the module docstring), summed over the positions of
-    ``mask`` (batch, pos)."""
-    L = model.cfg.n_layers
-    for p in sorted({p for (_, p) in clean}, key=lambda p: p or 0):
-        attn, mlp, d_mid = _branch_inputs(model, p, clean, grad, twin)
-        pre = [(f"blocks.{i}.hook_resid_pre", p) for i in range(L)]
-        top = (f"blocks.{L - 1}.hook_resid_post", p)
-        targets = {f"attn {i}": attn[i] for i in range(L)}
-        targets.update({f"mlp {i}": mlp[i] for i in range(L)})
-        targets["readout"] = grad[top]
-        order = {t: (int(t.split()[1]) * 2 + (t[0] == "m") if t != "readout" else 2 * L)
-                 for t in targets}  # fmt: skip
-        d = {n: twin[n] - clean[n] for n in (*pre, top)}
-        mlp_out = [(d[pre[i + 1]] if i + 1 < L else d[top]) - d_mid[i] for i in range(L)]
-        sources = {"input": (d[pre[0]], -1)}
-        sources.update({f"mlp {i}": (mlp_out[i], 2 * i + 1) for i in range(L)})
-        for name, (delta, at) in sources.items():
-            prods = {t: _dot(delta, gt, mask) for t, gt in targets.items() if order[t] > at}
-            result.edges.update({Edge(p, name, t): v for t, v in prods.items()})
-        for i in range(L):
-            _head_edges(model, i, p, clean, twin, targets, order, mask, result)
-        if (STATE, p) in clean:
-            fed = twin[(STATE, p)] - clean[(STATE, p)]
-            result.edges[Edge(p, "feedback", "input")] = _dot(fed, grad[(STATE, p)], mask)
-
-
-def _head_edges(model, layer, p, clean, twin, targets, order, mask, result) -> None:
-    """Each head of ``layer``: its output's change (z through its slice of W_O) dotted with
-    every later input's gradient."""
-    z = f"blocks.{layer}.attn.hook_z"
-    dz = twin[(z, p)] - clean[(z, p)]  # (batch, pos, head, d_head)
-    W = model.head_writers(layer)  # (d_model, head, d_head)
-    for t, gt in targets.items():
-        if order[t] <= 2 * layer:
-            continue
-        wide = torch.promote_types(dz.dtype, torch.float32)
-        gz = torch.einsum("btd,dhe->bthe", gt.to(wide), W.to(wide))
-        per = (dz.to(wide) * gz).sum(-1) * mask[:, : dz.shape[1], None]  # (batch, pos, head)
-        for h, s in enumerate(per.sum(1).unbind(1)):
-            result.edges[Edge(p, f"head {layer}.{h}", t)] = s

@@ -122,5 +122,10 @@ def _agree(g: pd.DataFrame) -> dict:
                "site": g.site.iloc[i], "positions": g.positions.iloc[i],
                "estimate": float(g.value.iloc[i]), "exact": float(g.exact.iloc[i])}
               for i in miss]  # fmt: skip
-    return {"checked": n, "rank_correlation": None if np.isnan(rho) else float(rho), "top_k": k,
-            "top_k_recall": len(top_ex & top_est) / k, "misses": misses}
+    return {
+        "checked": n,
+        "rank_correlation": None if np.isnan(rho) else float(rho),
+        "top_k": k,
+        "top_k_recall": len(top_ex & top_est) / k,
+        "misses": misses,
+    }

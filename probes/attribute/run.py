@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from fbt_probe.attribution import KINDS, attribute, edge_layout
 from fbt_probe.device import resolve_device

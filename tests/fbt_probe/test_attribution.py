@@ -183,6 +183,7 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path):
     for s in heads:
         layer, h = s.name.split(".")[1], s.where.split()[1]
         assert sums[(s.pass_number, f"head {layer}.{h}")] == pytest.approx(
-            float(r.estimate[s].sum()), rel=1e-6, abs=1e-9)
+            float(r.estimate[s].sum()), rel=1e-6, abs=1e-9
+        )
     resid0 = r.estimate[Site("resid", 2, "blocks.0.hook_resid_pre", "all")]
     assert sums[(2, "input")] == pytest.approx(float(resid0.sum()), rel=1e-6, abs=1e-9)

@@ -73,8 +73,10 @@ def test_the_exact_check_is_fbt_probe_patch_on_the_same_sites(attributed, dm, tm
         assert len(m) == len(p)  # every other site patch covers is scored
         np.testing.assert_allclose(m.exact, m.value_patch, atol=1e-5)
     # the estimates rank the sites as the exact patches do, on the whole
-    assert json.loads((out / "attribution.json").read_text())["agreement"]["all"][
-        "rank_correlation"] > 0.7
+    assert (
+        json.loads((out / "attribution.json").read_text())["agreement"]["all"]["rank_correlation"]
+        > 0.7
+    )
 
 
 def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
