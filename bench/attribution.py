@@ -130,6 +130,7 @@ def agreement_rows(model_name: str, tasks, prefills, groups: int) -> list[dict]:
                 rows.append({"task": task, "prefill": prefill, "sites": scope,
                              "checked": a["checked"], "rank_corr": round(a["rank_correlation"], 3),
                              "top10_recall": round(a["top_k_recall"], 2),
+                             "hidden": a.get("hidden", 0),
                              "largest_miss": f"{miss.get('pass')} {miss.get('site')} "
                              f"{miss.get('positions')}: {miss.get('estimate', 0):.2f} vs "
                              f"{miss.get('exact', 0):.2f}" if miss else ""})  # fmt: skip
@@ -162,7 +163,7 @@ def main() -> None:
         agree = agreement_rows(args.model, ("delayed_memory", "done_tracking"),
                                ("recurrent", "full"), args.agreement_groups)  # fmt: skip
         print(table(agree, ["task", "prefill", "sites", "checked", "rank_corr", "top10_recall",
-                            "largest_miss", "note"]))  # fmt: skip
+                            "hidden", "largest_miss", "note"]))  # fmt: skip
     stem = "attribution" if args.model == "default" else f"attribution_{Path(args.model).name}"
     out = write_json(stem, {"model": name, "task": args.task, "prefill": args.prefill,
                             "pairs": n, "goals": GOALS, "rows": rows, "agreement": agree,

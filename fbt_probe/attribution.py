@@ -104,14 +104,16 @@ def _joined(pieces: list) -> torch.Tensor:
 
 
 def _run(model: FeedbackModel, tokens: torch.Tensor, prefill: Prefill, names: list[str],
-         grad: bool):  # fmt: skip
+         grad: bool, embed: Callable | None = None):  # fmt: skip
     """The prefill on ``tokens`` with the activations ``names`` kept per pass: (output, pieces).
     With ``grad`` the embeddings become the graph's leaf, so every kept activation has a
-    gradient and no weight does."""
+    gradient and no weight does; ``embed`` maps the embeddings to the ones run (a point on
+    the way to the twin's, for integrated gradients)."""
     store: dict = {}
     hooks = [(n, _capture(store, not grad)) for n in names]
     if grad:
-        hooks.insert(0, ("hook_embed", lambda x, hook: x.detach().requires_grad_(True)))
+        move = embed or (lambda x: x)
+        hooks.insert(0, ("hook_embed", lambda x, hook: move(x.detach()).requires_grad_(True)))
     cache = None
     if grad and prefill.passes is None and isinstance(model, FBTModel):
         cache = GrowingKVCache(model.cfg)  # the preallocated one is written in place
@@ -148,16 +150,39 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
 
 def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
               clean_id: torch.Tensor, twin_id: torch.Tensor, prefill: Prefill,
-              names: list[str]) -> tuple[torch.Tensor, dict, dict]:  # fmt: skip
+              names: list[str], ig_steps: int = 0,
+              twin_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, dict]:  # fmt: skip
     """One clean run of ``prefill`` and its backward pass: the logit difference (batch,), and
     the activations of the hooks ``names`` with the gradient of the summed logit difference,
     each {(hook, pass): (batch, pos, ...)} (pass counted from 1; None in the recurrence, whose
-    steps are joined along positions). No weight takes a gradient."""
+    steps are joined along positions). No weight takes a gradient.
+
+    ``ig_steps`` > 0: the gradients are integrated instead (EAP-IG, Hanna et al. 2024): their
+    mean over ``ig_steps`` runs whose input embeddings lie evenly on the way from the clean
+    ones to ``twin_tokens``' (midpoints), which a saturated site's plain gradient misses."""
+    if ig_steps <= 0:
+        return _gradients(model, tokens, answer, clean_id, twin_id, prefill, names)
+    with torch.no_grad():
+        e_clean, e_twin = model.embed(tokens), model.embed(twin_tokens)
+    total = None
+    for k in range(ig_steps):
+        a = (k + 0.5) / ig_steps
+        _, _, g = _gradients(model, tokens, answer, clean_id, twin_id, prefill, names,
+                             embed=lambda x, a=a: e_clean + a * (e_twin - e_clean))  # fmt: skip
+        total = g if total is None else {n: total[n] + g[n] for n in total}
+    with torch.no_grad():  # the clean activations and answer, from the clean run itself
+        out, store = _run(model, tokens, prefill, names, grad=False)
+    clean = {k: _joined(v) for k, v in store.items()}
+    ld = logit_diff(out, answer, clean_id, twin_id)
+    return ld, clean, {n: g / ig_steps for n, g in total.items()}
+
+
+def _gradients(model, tokens, answer, clean_id, twin_id, prefill, names, embed=None):
     was = [p.requires_grad for p in model.parameters()]
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        out, store = _run(model, tokens, prefill, names, grad=True)
+        out, store = _run(model, tokens, prefill, names, grad=True, embed=embed)
         ld = logit_diff(out, answer, clean_id, twin_id)
         keys = list(store)
         flat = [x for k in keys for _, x in store[k]]
@@ -178,14 +203,15 @@ def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
 def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Tensor,
               answer: torch.Tensor, clean_id: torch.Tensor, twin_id: torch.Tensor,
               prefill: Prefill, columns: dict[str, torch.Tensor], after: torch.Tensor,
-              kinds: Iterable[str] = KINDS, edges: bool = False,
-              qk_fix: bool = True) -> BatchAttribution:  # fmt: skip
+              kinds: Iterable[str] = KINDS, edges: bool = False, qk_fix: bool = True,
+              ig_steps: int = 0) -> BatchAttribution:  # fmt: skip
     """Estimate every site of ``kinds`` in every pass of ``prefill`` for one batch of aligned
     twins (``twin_tokens`` line up with ``tokens`` position by position).
 
     ``columns``: {name: (batch, pos) bool}, the positions a residual or state site patches
     together; ``after``: (batch, pos) bool, the positions a head or path site patches. With
-    ``edges``, also every edge between components (the built-in model's layout)."""
+    ``edges``, also every edge between components; ``ig_steps`` > 0 integrates the gradients
+    over that many points between the clean and the twin's input (``gradients``)."""
     kinds = tuple(kinds)
     names = site_names(model, kinds, edges)
     if edges and edge_layout(model) is None:
@@ -194,7 +220,8 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
                          "output projection without a bias) and feedback into block 0")  # fmt: skip
     if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
         names = [n for n in names if n != PATTERN]
-    ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names)
+    ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names,
+                                ig_steps, twin_tokens)  # fmt: skip
     with torch.inference_mode():
         twin_out, tstore = _run(model, twin_tokens, prefill, names, grad=False)
         ld_twin = logit_diff(twin_out, answer, clean_id, twin_id)

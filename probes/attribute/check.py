@@ -97,7 +97,8 @@ def _patched_ld(m, b, pf, s: Site, ref, inputs) -> torch.Tensor:
 def agreement(df: pd.DataFrame) -> dict:
     """Over the checked sites (all kinds, and resid and head only): Spearman's rank correlation
     of the estimated and exact effects, the top-k recall (of the k checked sites the exact
-    patch moves most, how many the estimate ranks in its top k) and the three largest misses."""
+    patch moves most, how many the estimate ranks in its top k), the three largest misses, and
+    how many sites with an exact effect the estimate hides entirely."""
     out = {}
     for scope, kinds in (("all", None), ("resid_head", ("patch_resid", "patch_head"))):
         g = df[np.isfinite(df.exact.astype(float))]
@@ -111,7 +112,7 @@ def _agree(g: pd.DataFrame) -> dict:
     n = len(g)
     if n < 3:
         return {"checked": n, "rank_correlation": None, "top_k": None, "top_k_recall": None,
-                "misses": []}  # fmt: skip
+                "misses": [], "hidden": 0}  # fmt: skip
     est, ex = 1 - g.value.to_numpy(float), 1 - g.exact.to_numpy(float)
     rho = spearmanr(est, ex).statistic
     k = min(TOP_K, n // 2)
@@ -122,10 +123,9 @@ def _agree(g: pd.DataFrame) -> dict:
                "site": g.site.iloc[i], "positions": g.positions.iloc[i],
                "estimate": float(g.value.iloc[i]), "exact": float(g.exact.iloc[i])}
               for i in miss]  # fmt: skip
-    return {
-        "checked": n,
-        "rank_correlation": None if np.isnan(rho) else float(rho),
-        "top_k": k,
-        "top_k_recall": len(top_ex & top_est) / k,
-        "misses": misses,
-    }
+    # what GradDrop is for: a site the exact patch finds (|effect| >= 0.1) that the estimate
+    # sees as nothing (|effect| < 0.02), its paths cancelling to first order
+    hidden = int(((np.abs(ex) >= 0.1) & (np.abs(est) < 0.02)).sum())
+    return {"checked": n, "rank_correlation": None if np.isnan(rho) else float(rho),
+            "top_k": k, "top_k_recall": len(top_ex & top_est) / k, "misses": misses,
+            "hidden": hidden}  # fmt: skip

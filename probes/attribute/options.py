@@ -22,6 +22,8 @@ class AttributeOptions(Common):
     """Sites patched exactly to check the estimates: a number (half the top-ranked, half at random) or 'all'; 0 checks none."""
     qk_fix: bool = option(True, "--qk-fix/--no-qk-fix")
     """AtP*'s fix for queries and keys: read the attention pattern after the patch exactly."""
+    ig_steps: int = option(0, "--ig-steps", min=0)
+    """Integrate the gradients over this many points between the clean and the twin's input (EAP-IG; each costs one more backward pass); 0: plain gradients (AtP)."""
     data: Path | None = option(None, "--data")
     """A twin dataset (default data/<task>-twins.parquet)."""
     out: Path = option(Path("results/attribute"), "--out", "-o")

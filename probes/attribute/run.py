@@ -58,7 +58,8 @@ def parse_args(prefill: str, kinds: str, edges: str, check: str):
     return pf, tuple(chosen), {"on": True, "off": False, "auto": None}[edges], check
 
 
-def sweep(m, pairs, bs: list[PairBatch], pf, kinds, edges: bool, qk_fix: bool, progress=None,
+def sweep(m, pairs, bs: list[PairBatch], pf, kinds, edges: bool, qk_fix: bool, ig_steps: int,
+          progress=None,
           label: str = "") -> dict:  # fmt: skip
     """Every batch's attribution, gathered per pair: the clean and twin logit differences and
     each site's (edge's) estimated change."""
@@ -66,7 +67,7 @@ def sweep(m, pairs, bs: list[PairBatch], pf, kinds, edges: bool, qk_fix: bool, p
     acc = {"ld_clean": np.zeros(n), "ld_twin": np.zeros(n), "estimate": {}, "linear": {},
            "edges": {}}  # fmt: skip
     for k, b in enumerate(bs):
-        r = attribute(m, prefill=pf, kinds=kinds, edges=edges, qk_fix=qk_fix,
+        r = attribute(m, prefill=pf, kinds=kinds, edges=edges, qk_fix=qk_fix, ig_steps=ig_steps,
                       **batch_inputs(b, pairs))  # fmt: skip
         acc["ld_clean"][b.idx] = r.ld_clean.double().cpu().numpy()
         acc["ld_twin"][b.idx] = r.ld_twin.double().cpu().numpy()
@@ -122,7 +123,7 @@ def edge_table(acc, task, pf, seed, groups) -> pd.DataFrame:
 
 
 def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent",
-                   kinds="resid,head,state,path", edges="auto", check="20", qk_fix=True,
+                   kinds="resid,head,state,path", edges="auto", check="20", qk_fix=True, ig_steps=0,
                    data=None, out="results/attribute", seed=0, batch_size=32,
                    device="cpu", groups=None, progress=None) -> tuple[dict, list[str]]:  # fmt: skip
     """``fbt-probe attribute`` (see the module docstring); every argument is checked first."""
@@ -153,7 +154,7 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
     label = f"{task} {pf.name}"
     t0 = time.monotonic()
-    acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, progress, label)
+    acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, ig_steps, progress, label)
     seconds = time.monotonic() - t0
     est = normalised(acc["estimate"], acc, pairs.groups, seed)
     picked = check_sites(est, check, seed)
@@ -162,7 +163,7 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     df = site_table(acc, exact, task, pf, seed, pairs.groups)
     edf = edge_table(acc, task, pf, seed, pairs.groups) if want_edges else None
     meta = {"model": name, "task": task, "prefill": pf.name, "kinds": list(chosen),
-            "edges": bool(want_edges), "qk_fix": qk_fix, "groups": groups,
+            "edges": bool(want_edges), "qk_fix": qk_fix, "ig_steps": ig_steps, "groups": groups,
             "n_pairs": len(pairs), "n_batches": len(bs), "sites": len(df),
             "seconds": seconds, "agreement": agreement(df)}  # fmt: skip
     return {"attribution": df, "edges": edf}, write_attribution(df, edf, meta, out)
@@ -187,6 +188,6 @@ def write_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> list[str]
 def run(options, progress=None) -> Result:
     """The ``attribute`` analysis (``probes.attribute.AttributeOptions``)."""
     tables, lines = attribute_task(**{f: getattr(options, f) for f in (
-        "model", "task", "prefill", "kinds", "edges", "check", "qk_fix", "data", "out", "seed",
+        "model", "task", "prefill", "kinds", "edges", "check", "qk_fix", "ig_steps", "data", "out", "seed",
         "batch_size", "device", "groups")}, progress=progress)  # fmt: skip
     return Result({k: v for k, v in tables.items() if v is not None}, lines)
