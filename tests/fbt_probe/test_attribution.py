@@ -158,7 +158,7 @@ def test_without_the_qk_fix_every_estimate_is_first_order_and_values_never_diffe
     assert any(not torch.allclose(fixed.estimate[s], fixed.linear[s], rtol=1e-6, atol=0) for s in q)
 
 
-def test_a_hugging_face_models_edges_add_up_too(tmp_path):
+def test_a_hugging_face_models_edges_add_up_too(tmp_path, monkeypatch):
     """A pre-norm Hugging Face model shows each branch's own input (hook_attn_in, hook_mlp_in):
     its edges add up to its node scores as the built-in model's do."""
     pytest.importorskip("transformers")
@@ -187,3 +187,29 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path):
         )
     resid0 = r.estimate[Site("resid", 2, "blocks.0.hook_resid_pre", "all")]
     assert sums[(2, "input")] == pytest.approx(float(resid0.sum()), rel=1e-6, abs=1e-9)
+    # recomputed in the backward pass (a deep model's way), with the attention kernel the
+    # forward chose for the QK fix's pattern: the same numbers
+    import fbt_probe.attribution as attribution
+
+    monkeypatch.setattr(attribution, "RECOMPUTE_ABOVE", 0)
+    again = attribute(model, tokens, twin, answer, cid, tid, parse_prefill("recurrent"),
+                      {"all": cols["all"]}, cols["all"], edges=True)  # fmt: skip
+    for s, v in r.estimate.items():
+        torch.testing.assert_close(again.estimate[s], v, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("prefill", ["recurrent", "k3"])
+def test_recomputing_the_blocks_in_the_backward_pass_changes_no_estimate(prefill, monkeypatch):
+    import fbt_probe.attribution as attribution
+
+    model = _model(smear_keys=True)
+    tokens, twin, answer, cid, tid, label = _batch()
+    cols, after = _masks(label, answer)
+    pf = parse_prefill(prefill)
+    kept = attribute(model, tokens, twin, answer, cid, tid, pf, cols, after, edges=True)
+    monkeypatch.setattr(attribution, "RECOMPUTE_ABOVE", 0)
+    redone = attribute(model, tokens, twin, answer, cid, tid, pf, cols, after, edges=True)
+    assert set(kept.estimate) == set(redone.estimate) and set(kept.edges) == set(redone.edges)
+    for part in ("estimate", "linear", "edges"):
+        for key, v in getattr(kept, part).items():
+            torch.testing.assert_close(getattr(redone, part)[key], v, rtol=1e-9, atol=1e-12)
