@@ -96,51 +96,59 @@ def _scatter(df, task, where, out) -> int:
     return 1
 
 
-def _node_xy(node: str, pass_label: str, passes: list[str], n_layers: int) -> tuple[float, float]:
-    """x: the pass, then the layer (attention before MLP); y: the head (MLPs and the input at
-    the bottom, the readout at the top)."""
-    base = passes.index(pass_label) * (2 * n_layers + 3)
-    if node == "input":
-        return base, -1.0
-    if node == "readout":
-        return base + 2 * n_layers + 1, -1.0
+def _node_xy(node: str, base: float, n_layers: int, mid: float) -> tuple[float, float]:
+    """A node's place in its pass's stretch starting at x = ``base``: the input, then per layer
+    its attention's input, its heads (one row each) and its MLP, then the readout; everything
+    but the heads on the middle row ``mid``."""
+    if node in ("input", "readout"):
+        return (base, mid) if node == "input" else (base + 2 * n_layers + 1, mid)
     kind, at = node.split(" ")
     layer = int(at.split(".")[0])
     if kind == "head":
         return base + 2 * layer + 1, float(at.split(".")[1])
-    return base + 2 * layer + (1 if kind == "attn" else 2), -1.0
+    return base + 2 * layer + (0.6 if kind == "attn" else 2), mid
 
 
 def _edge_graph(edf: pd.DataFrame, task, where, out) -> int:
-    """The strongest edges by |share|, feedback edges dashed, each pass a panel's stretch."""
+    """The strongest edges by |share| (width), toward the twin in one colour and away in
+    another, the feedback edges (pass k's readout into pass k+1's input) dashed."""
     e = edf.assign(size=edf.value.abs()).nlargest(N_EDGES, "size")
     passes = [_pass(p) for p in dict.fromkeys(edf["pass"])]
-    nodes = pd.concat([edf.source, edf.target])
-    layers = 1 + max((int(s.split()[1].split(".")[0]) for s in nodes
-                      if s.split()[0] in ("head", "attn", "mlp")), default=0)  # fmt: skip
-    fig, ax = subplots(figsize=(max(7, 1.3 * len(passes) * layers + 3), 5))
+    names = set(edf.source) | set(edf.target)
+    layers = 1 + max((int(n.split()[1].split(".")[0]) for n in names if " " in n), default=0)
+    heads = 1 + max((int(n.split(".")[1]) for n in names if n.startswith("head ")), default=0)
+    mid, span = (heads - 1) / 2, 2 * layers + 3
+    base = {p: i * span for i, p in enumerate(passes)}
+    fig, ax = subplots(figsize=(min(30, max(7, 0.5 * span * len(passes) + 2)),
+                                min(12, max(4, 0.3 * heads + 2))))  # fmt: skip
+    xy = {(p, n): _node_xy(n, base[p], layers, mid) for p in passes for n in names
+          if n != "feedback"}  # fmt: skip
+    ax.scatter([x for x, _ in xy.values()], [y for _, y in xy.values()], s=6, color="lightgrey",
+               zorder=1)  # fmt: skip
     top = float(e["size"].max()) or 1.0
     for _, r in e.iterrows():
         p = _pass(r["pass"])
-        if r.feedback:  # pass k's top state (its readout) into pass k+1's input
-            before = passes[max(passes.index(p) - 1, 0)]
-            x0, y0 = _node_xy("readout", before, passes, layers)
-        else:
-            x0, y0 = _node_xy(r.source, p, passes, layers)
-        x1, y1 = _node_xy(r.target, p, passes, layers)
-        ax.annotate("", (x1, y1), (x0, y0), arrowprops={
-            "arrowstyle": "->", "lw": 0.5 + 3 * r["size"] / top, "alpha": 0.85,
-            "color": PALETTE[3] if r.feedback else (PALETTE[0] if r.value < 0 else PALETTE[1]),
-            "linestyle": "--" if r.feedback else "-", "connectionstyle": "arc3,rad=0.15"})  # fmt: skip
+        before = passes[max(passes.index(p) - 1, 0)]
+        x0, y0 = xy[(before, "readout")] if r.feedback else xy[(p, r.source)]
+        x1, y1 = xy[(p, r.target)]
+        color = PALETTE[3] if r.feedback else (PALETTE[0] if r.value < 0 else PALETTE[1])
+        ax.annotate("", (x1, y1), (x0, y0), zorder=2, arrowprops={
+            "arrowstyle": "->", "lw": 0.5 + 3 * r["size"] / top, "alpha": 0.85, "color": color,
+            "linestyle": "--" if r.feedback else "-", "connectionstyle": "arc3,rad=0.2"})  # fmt: skip
     for p in passes:
-        xs = [_node_xy(n, p, passes, layers) for n in ("input", "readout")]
-        ax.text(xs[0][0], -2.2, f"{p}: input", fontsize=7)
-        ax.text(xs[1][0], -2.2, "readout", fontsize=7)
-    ax.set_ylim(-2.6, max(2, ax.get_ylim()[1]))
-    ax.set_xlabel("pass, then layer (attention, MLP)")
-    ax.set_ylabel("head (MLPs, input and readout at -1)")
-    ax.set_title(f"{task}, {where}: the {len(e)} strongest edges (dashed: feedback; "
-                 "colour: toward the twin or away)")  # fmt: skip
+        for n in ("input", "readout"):
+            x, y = xy[(p, n)]
+            ax.text(x, y - 0.6, f"{p} {n}" if n == "input" else n, fontsize=7, ha="center")
+    ax.set_xlim(-1, span * len(passes))
+    ax.set_ylim(-1.5, heads)
+    every = max(1, layers // 8)  # a deep model: a tick every few layers
+    ticks = [(base[p] + 2 * layer + 1, layer) for p in passes for layer in range(0, layers, every)]
+    ax.set_xticks([x for x, _ in ticks], [str(layer) for _, layer in ticks], fontsize=7)
+    ax.set_xlabel("layer, pass by pass (its attention's input just left of its heads, its MLP "
+                  "just right, on the middle row)")  # fmt: skip
+    ax.set_ylabel("head")
+    ax.set_title(f"{task}, {where}: the {len(e)} strongest edges (blue: toward the twin; "
+                 "dashed: feedback)")  # fmt: skip
     save_figure(fig, out, f"attribution_edges_{task}")
     return 1
 
