@@ -62,12 +62,13 @@ def exact_sweep(m, pairs, bs, pf, sites: list[Site], kinds, progress=None,
         ref = attribute(m, prefill=pf, kinds=kinds, edges=False, **inputs)
         with torch.inference_mode():
             b.clean = clean_run(m, b.tokens, pf)
-            for s in sites:
+            for i, s in enumerate(sites):
                 ld = _patched_ld(m, b, pf, s, ref, inputs) - ref.ld_clean
                 out[s][b.idx] = ld.double().cpu().numpy()
+                if progress is not None:  # one patched run a step: a deep model's are slow
+                    progress(k * len(sites) + i + 1, len(bs) * len(sites),
+                             f"{label}: exact check of {len(sites)} sites, batch {k + 1}/{len(bs)}")  # fmt: skip
             b.clean = None
-        if progress is not None:
-            progress(k + 1, len(bs), f"{label}: exact check of {len(sites)} sites")
     return out
 
 

@@ -42,6 +42,24 @@ EDGE_COLUMNS = ["task", "prefill", "pass", "source", "target", "feedback", "valu
                 "ci_high", "n"]  # fmt: skip
 
 
+# what one attribution batch may hold at its peak, beyond the model
+BATCH_BYTES = 1 << 30
+
+
+def batch_tokens(m, pf, edges: bool, longest: int) -> int:
+    """The most tokens (examples x padded length) one batch may hold: every position keeps,
+    per pass, about 2 L + 8 activations of d_model floats (the residual at each depth, each
+    layer's heads, the fusion's and block 0's), their gradients and the twin's, and with edges
+    each branch's input gradient too (measured on SmolLM2-135M: 1.6 MB a token with edges, 0.9
+    without). The exact recurrence's backward pass also keeps every step's keys and values,
+    as long as the prompt so far: about 4 L d_model bytes per token for every position."""
+    L, d = m.cfg.n_layers, m.cfg.d_model
+    per_token = 4 * d * (2 * L + 8) * (pf.passes or 1) * (6 if edges else 4)
+    if pf.passes is None:
+        per_token += 4 * L * d * longest
+    return max(1, BATCH_BYTES // per_token)
+
+
 def parse_args(prefill: str, kinds: str, edges: str, check: str):
     """The prefill, the kinds, whether to score edges (None: auto) and the sites to check."""
     pf = parse_prefill(prefill)
@@ -151,7 +169,9 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     if groups is not None:
         first = np.unique(pairs.groups)[:groups]
         pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
-    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
+    longest = int(max(len(t) for t in pairs.tokens))
+    budget = min(max_batch_tokens(m), batch_tokens(m, pf, want_edges, longest))
+    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=budget)
     label = f"{task} {pf.name}"
     t0 = time.monotonic()
     acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, ig_steps, progress, label)

@@ -92,14 +92,18 @@ def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
         assert df.exact.notna().sum() == 6
         edges = pd.read_csv(out / "edges.csv")
         assert edges.feedback.any()
-    # the library call, with its progress reported batch by batch
+    # the library call, with its progress reported batch by batch, then patched run by run
     from probes import run_attribute
 
     seen = []
-    result = run_attribute(str(tiny_llama), data=data, out=tmp_path / "lib", check="0",
+    result = run_attribute(str(tiny_llama), data=data, out=tmp_path / "lib", check="2",
                            progress=lambda i, n, what: seen.append((i, n, what)))  # fmt: skip
     assert set(result.tables) == {"attribution", "edges"}
-    assert seen[-1][0] == seen[-1][1] and "attribution" in seen[-1][2]
+    sweep = [s for s in seen if s[2].endswith("attribution")]
+    exact = [s for s in seen if "exact check of 2 sites" in s[2]]
+    assert sweep[-1][0] == sweep[-1][1] and seen.index(sweep[-1]) < seen.index(exact[0])
+    assert [s[0] for s in exact] == list(range(1, exact[0][1] + 1))
+    assert exact[0][1] == 2 * sweep[-1][1]
 
 
 @pytest.mark.parametrize("args,message", [
