@@ -14,6 +14,7 @@ from fbt_probe.prefill import MODES, decode_mode
 from tasks import TASK_NAMES, get_task, task_names, vocab
 from tasks.base import DEFAULT_DISTRACTORS, POOLED
 from tasks.generate import check_memory
+from tasks.lists import comma_items
 
 STREAM_HELDOUT = 3  # held-out evaluation: a seed stream of its own, never trained or probed on
 EVAL_SEED = 4321
@@ -113,7 +114,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
     or 'all': every task its tokenizer can score) in each decoding mode of ``modes``.
     Returns (model name, summary, per_register, {skipped task: why})."""
 
-    task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    task_list = task_names() if task == "all" else comma_items(task, "--task")
     for t in task_list:
         get_task(t)
     if n_groups < 5:
@@ -121,7 +122,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
     check_memory(n_groups, DEFAULT_DISTRACTORS)  # the held-out set is built whole
     if seed < 0:
         raise ValueError("--seed must be >= 0")
-    mode_list = tuple(m.strip() for m in modes.split(","))
+    mode_list = comma_items(modes, "--modes")
     for m in mode_list:
         try:
             decode_mode(m)

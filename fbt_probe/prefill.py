@@ -26,6 +26,7 @@ import torch
 
 from fbt_probe.feedback import FeedbackModel, PassOutput
 from fbt_probe.recurrence import run_recurrence
+from tasks.lists import comma_items, once
 
 # as stability's --passes: far beyond where the Jacobi map has converged or diverged
 MAX_PASSES = 1000
@@ -124,8 +125,8 @@ def jacobi_passes(word: str | Prefill, lo: int = 1, hi: int = MAX_PASSES,
 def parse_prefills(spec: str, passes: int | None = None) -> tuple[Prefill, ...]:
     """``--prefill``'s value: one word, a comma-separated list or ``all`` (standard,
     recurrent, full); ``passes`` adds k<passes>. Each prefill once, in order."""
-    words = PREFILLS if spec == "all" else tuple(w.strip() for w in spec.split(","))
-    out = [parse_prefill(w) for w in words]
+    words = PREFILLS if spec == "all" else comma_items(spec, "--prefill")
+    out = list(once((parse_prefill(w) for w in words), "--prefill", spec))
     if passes is not None:
         if not 1 <= passes <= MAX_PASSES:
             raise ValueError(f"--passes must be in 1..{MAX_PASSES}")

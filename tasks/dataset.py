@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from tasks import vocab
 from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
+from tasks.lists import NamedTwice, comma_numbers
 from tasks.safe_files import atomic_write
 
 SCHEMA_VERSION = "1"
@@ -107,6 +108,15 @@ def int_range(part: str) -> list[int]:
     return [int(part)]
 
 
+def _counts(part: str) -> list[int]:
+    """One item of ``--distractors``: a count, a range, or the powers of two in a range."""
+    if ":pow2" in part:
+        lo, hi = (int(x) for x in part.replace(":pow2", "").split("-"))
+        return sorted({n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10))
+                       if lo <= n <= hi})  # fmt: skip
+    return int_range(part)
+
+
 def parse_distractors(spec: str) -> tuple[int, ...]:
     """'0,1,4' -> (0,1,4); '0-8' -> 0..8; mixed '0,4-6'; 'default' -> 0,1,2,4,...,256."""
     spec = spec.strip()
@@ -114,17 +124,10 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
         raise ValueError("--distractors is empty: give counts such as '0,1,4', '0-16' or 'default'")
     if spec == "default":
         return DEFAULT_DISTRACTORS
-    out: list[int] = []
     try:
-        for part in spec.split(","):
-            part = part.strip()
-            if ":pow2" in part:
-                lo, hi = (int(x) for x in part.replace(":pow2", "").split("-"))
-                out += [
-                    n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10)) if lo <= n <= hi
-                ]
-            else:
-                out += int_range(part)
+        out = list(comma_numbers(spec, "--distractors", _counts))
+    except NamedTwice:
+        raise
     except ValueError:
         raise ValueError(
             f"--distractors {spec!r}: use a list '0,1,4' or a range '0-16' of counts"

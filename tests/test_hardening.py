@@ -104,29 +104,32 @@ def test_small_option_checks(tmp_path, model_dir):
     assert files_under(out) == []
 
 
-def test_a_prefill_named_twice_is_fitted_once(tmp_path, model_dir):
-    data = generate_dataset(
-        "delayed_memory", tmp_path / "d.parquet", n_groups=10, distractors=(1, 4), seed=2
-    )
-    out = tmp_path / "res"
-    r = CliRunner().invoke(
-        app,
-        [
-            "fit",
-            "--model",
-            str(model_dir),
-            "--data",
-            str(data),
-            "--out",
-            str(out),
-            "-p",
-            "standard,standard",
-            "--no-controls",
-        ],
-    )
-    assert r.exit_code == 0, r.output
-    meta = json.loads((out / "probe_results.json").read_text())
-    assert meta["prefills"] == ["standard"]
+# every list option goes through one parser (tasks.lists): an item named twice is refused in
+# one line naming the option, before any work
+@pytest.mark.parametrize("argv,culprit", [
+    (["fit", "-p", "standard,standard", "--task", "delayed_memory"], "--prefill 'standard,standard': standard is named twice"),
+    (["fit", "--task", "delayed_memory,delayed_memory"], "--task 'delayed_memory,delayed_memory': delayed_memory is named twice"),
+    (["eval", "--modes", "soft,soft"], "--modes 'soft,soft': soft is named twice"),
+    (["eval", "--task", "done_tracking, done_tracking"], "done_tracking is named twice"),
+    (["intervene", "--intervention", "self,self"], "--intervention 'self,self': self is named twice"),
+    (["intervene", "--depths", "0,1,0"], "--depths '0,1,0': 0 is named twice"),
+    (["patch", "--kinds", "resid,resid"], "--kinds 'resid,resid': resid is named twice"),
+    (["patch", "--depths", "1,1"], "--depths '1,1': 1 is named twice"),
+    (["attribute", "--kinds", "head,state,head"], "--kinds 'head,state,head': head is named twice"),
+    (["lens", "--task", "done_tracking,done_tracking"], "done_tracking is named twice"),
+    (["trajectory", "--task", "multi_register,multi_register"], "multi_register is named twice"),
+    (["generate", "--task", "delayed_memory", "--distractors", "0-8,4"], "--distractors '0-8,4': 4 is named twice"),
+    (["seeds", "run", "--seeds", "0-2,1"], "--seeds '0-2,1': 1 is named twice"),
+    (["view", "--examples", "3,3"], "--examples '3,3': 3 is named twice"),
+    (["patch", "--kinds", "resid,,head"], "--kinds 'resid,,head': an empty item"),
+])  # fmt: skip
+def test_an_item_named_twice_in_any_list_option_is_refused_before_any_work(
+    tmp_path, monkeypatch, argv, culprit
+):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, argv)
+    one_line_error(r, culprit)
+    assert files_under(tmp_path) == []
 
 
 # ---- output paths: never replace what is not a regular file; check before the work -------

@@ -33,6 +33,7 @@ from probes.common.extract import max_batch_tokens
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, batches, pairs_of
 from tasks import get_task
+from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
 COLUMNS = ["task", "prefill", "pass", "intervention", "site", "positions", "alpha", "metric",
@@ -63,12 +64,10 @@ def batch_tokens(m, pf, edges: bool, longest: int) -> int:
 def parse_args(prefill: str, kinds: str, edges: str, check: str):
     """The prefill, the kinds, whether to score edges (None: auto) and the sites to check."""
     pf = parse_prefill(prefill)
-    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    chosen = comma_items(kinds, "--kinds")
     bad = [k for k in chosen if k not in KINDS]
-    if bad or not chosen:
+    if bad:
         raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
-    if len(set(chosen)) != len(chosen):
-        raise ValueError(f"--kinds {kinds!r}: a kind is named twice")
     if edges not in ("on", "off", "auto"):
         raise ValueError(f"--edges {edges!r}: choose on, off or auto")
     if check != "all" and not (check.isdigit()):

@@ -9,6 +9,7 @@ from fbt_probe.hf import HFFeedbackModel, require_tokenizer
 from tasks import get_task, task_names
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
+from tasks.lists import comma_items
 
 
 def load_or_generate(
@@ -76,7 +77,7 @@ def tasks_and_data(task: str, data: str | Path | None) -> tuple[tuple[str, ...],
         if task not in ("all", ds_task):
             raise ValueError(f"{data} holds task {ds_task!r}, not {task!r}")
         return (ds_task,), {ds_task: data}
-    task_list = task_names() if task == "all" else tuple(t.strip() for t in task.split(","))
+    task_list = task_names() if task == "all" else comma_items(task, "--task")
     for t in task_list:
         get_task(t)
     return task_list, None

@@ -49,6 +49,7 @@ import torch
 from fbt_probe.patching import STATE_HOOK, first_true, replace_where
 from probes.common.twins import EARLY_WINDOWS, WINDOWS, PairBatch, window_mask
 from probes.intervene.erasers import DepthTools, erase, erase_subspace
+from tasks.lists import comma_items
 from tasks.registry import Registry
 
 ALPHAS = (-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0)
@@ -272,7 +273,7 @@ def parse_interventions(spec: str | None) -> tuple[str, ...]:
     """``--intervention``'s value: names, comma-separated, or None / 'all' for every kind."""
     if spec is None or spec == "all":
         return tuple(REGISTRY)
-    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",")))
+    names = comma_items(spec, "--intervention")
     for n in names:
         if n not in REGISTRY:
             raise ValueError(f"unknown intervention {n!r}; choose from {', '.join(REGISTRY)}")

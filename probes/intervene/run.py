@@ -56,6 +56,7 @@ from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_intervent
 from probes.intervene.report import headline, headlines
 from tasks import get_task, target_names
 from tasks.dataset import Dataset
+from tasks.lists import NamedTwice, comma_numbers
 from tasks.safe_files import check_output_dir, claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
@@ -116,7 +117,9 @@ def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
     if spec.strip() == "all":
         return tuple(range(n_depths))
     try:
-        picked = sorted({int(w) for w in spec.split(",")})
+        picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)]))
+    except NamedTwice:
+        raise
     except ValueError:
         picked = []
     if not picked or not all(0 <= d < n_depths for d in picked):

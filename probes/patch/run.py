@@ -48,6 +48,7 @@ from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summar
 from probes.intervene.run import pick_depths
 from probes.patch.plot import findings, plot_patch
 from tasks import get_task
+from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
 KINDS = ("resid", "head", "path")
@@ -203,7 +204,7 @@ def parse_args(prefill: str, kinds: str, pass_: int | None) -> tuple[Prefill, tu
         raise ValueError(
             "--prefill full: patch acts on a Jacobi pass; use standard, recurrent or k<N>"
         )
-    chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    chosen = comma_items(kinds, "--kinds")
     bad = [k for k in chosen if k not in KINDS]
     if bad or not chosen:
         raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")

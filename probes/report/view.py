@@ -34,6 +34,7 @@ from probes.common.data import load_or_generate
 from probes.fit.artifacts import load_probes
 from probes.report.html import esc, page, write_page
 from tasks import task_names, vocab
+from tasks.lists import NamedTwice, comma_numbers
 from tasks.safe_files import check_output_file
 
 MAX_PASSES = 8
@@ -45,23 +46,32 @@ TOP_K = 3  # tokens a lens cell lists in its tooltip
 SCRIPT = Path(__file__).with_name("view.js")
 
 
-def pick_examples(ds, spec: str) -> list[int]:
-    """Rows named by ``spec`` ("3,17"), or by default the first two with DEFAULT_COUNT
-    distractors (the first two rows where there are none)."""
+def parse_examples(spec: str) -> list[int]:
+    """The row numbers ``spec`` names ("3,17"; empty: the default rows), read before any work."""
     if not spec.strip():
-        rows = np.flatnonzero(ds.n_distractors == DEFAULT_COUNT)[:2].tolist()
-        return rows or list(range(min(2, len(ds))))
+        return []
     try:
-        rows = [int(x) for x in spec.split(",") if x.strip()]
+        rows = list(comma_numbers(spec, "--examples", lambda x: [int(x)]))
+    except NamedTwice:
+        raise
     except ValueError:
         raise ValueError(f"--examples: row numbers separated by commas, got {spec!r}") from None
-    bad = [r for r in rows if not 0 <= r < len(ds)]
-    if bad or not rows:
-        raise ValueError(f"--examples: rows must be in 0..{len(ds) - 1}, got {spec!r}")
     if len(rows) > MAX_EXAMPLES:
         raise ValueError(
             f"--examples: at most {MAX_EXAMPLES} examples in one page, got {len(rows)}"
         )
+    return rows
+
+
+def pick_examples(ds, spec: str) -> list[int]:
+    """Rows named by ``spec`` ("3,17"), or by default the first two with DEFAULT_COUNT
+    distractors (the first two rows where there are none)."""
+    rows = parse_examples(spec)
+    if not rows:
+        rows = np.flatnonzero(ds.n_distractors == DEFAULT_COUNT)[:2].tolist()
+        return rows or list(range(min(2, len(ds))))
+    if any(not 0 <= r < len(ds) for r in rows):
+        raise ValueError(f"--examples: rows must be in 0..{len(ds) - 1}, got {spec!r}")
     return rows
 
 
@@ -216,6 +226,7 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
     if task not in task_names():
         raise ValueError(f"--task: one task, one of {', '.join(task_names())}; got {task!r}")
     passes = jacobi_passes(prefill, 1, MAX_PASSES)
+    parse_examples(examples)
     if out.suffix != ".html":
         raise ValueError(f"--out: the page is one .html file, got {out}")
     check_output_file(out, force=True)

@@ -32,6 +32,7 @@ from tasks import task_names
 from tasks.base import POOLED
 from tasks.dataset import int_range
 from tasks.generate import generate_dataset
+from tasks.lists import NamedTwice, comma_numbers
 from tasks.safe_files import atomic_write, claim
 
 # what a recipe must reach on a seed (issue: a recipe that holds across seeds)
@@ -47,7 +48,9 @@ def parse_seeds(spec: str) -> list[int]:
     """'0-4' -> [0..4]; '0,3,7' -> [0, 3, 7]."""
 
     try:
-        out = [n for part in spec.split(",") for n in int_range(part)]
+        out = list(comma_numbers(spec, "--seeds", int_range))
+    except NamedTwice:
+        raise
     except ValueError:
         raise ValueError(f"--seeds {spec!r}: use a range '0-4' or a list '0,3,7'") from None
     if not out or min(out) < 0:

@@ -108,7 +108,7 @@ def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, state, path"),
-    (["--kinds", "resid,resid"], "error: --kinds 'resid,resid': a kind is named twice"),
+    (["--kinds", "resid,resid"], "error: --kinds 'resid,resid': resid is named twice"),
     (["--check", "some"], "error: --check 'some': give a number of sites"),
     (["--edges", "yes"], "error: --edges 'yes': choose on, off or auto"),
     (["--prefill", "k0"], "error: "),

@@ -15,8 +15,8 @@ from probes.seeds.study import meets, parse_seeds, run_seed_study
 
 def test_parse_seeds():
     assert parse_seeds("0-4") == [0, 1, 2, 3, 4]
-    assert parse_seeds("3,0,3") == [0, 3]
-    for bad in ("", "4-1", "a", "-1"):
+    assert parse_seeds("3,0") == [0, 3]
+    for bad in ("", "4-1", "a", "-1", "3,0,3", "0-4,2"):
         with pytest.raises(ValueError, match="--seeds"):
             parse_seeds(bad)
 
