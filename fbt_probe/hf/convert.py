@@ -56,7 +56,24 @@ def resolve_gguf(gguf: str | Path) -> Path:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"--gguf {gguf}: not a GGUF file (it does not start with 'GGUF')")
+    check_gguf(path)
     return path
+
+
+def check_gguf(path: Path) -> None:
+    """Read the file's header and tensor table (memory-mapped, a second or so): a truncated or
+    corrupt file is refused here, in one line, before the conversion says it is reading."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as e:
+        raise ImportError(
+            f"reading GGUF needs the gguf package: pip install 'fbt-probe[gguf]' ({e})"
+        ) from None
+    try:
+        GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - the reader raises many types for a bad file
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"--gguf {path}: a damaged GGUF file ({first})") from None
 
 
 def weights_digest(state: dict) -> str:
