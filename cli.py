@@ -7,13 +7,31 @@ one line on stderr with a non-zero exit.
 
 from __future__ import annotations
 
-import json
+import os
+import signal
 import sys
-from pathlib import Path
 
-import typer
 
-from probes.common.verbs import (
+def _abort_now(signum, frame) -> None:
+    """A signal while nothing is being written (starting up, or once the command has
+    finished): one line, and the signal's exit code at once."""
+    os.write(2, b"error: aborted\n")
+    os._exit(128 + signum)
+
+
+# Run as the console script, a signal while the modules load ends it cleanly too (not with a
+# KeyboardInterrupt traceback); imported by a test or a notebook, nothing is installed here.
+if os.path.basename(sys.argv[0] or "") == "fbt-probe":
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _abort_now)
+    signal.signal(signal.SIGTERM, _abort_now)
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import typer  # noqa: E402
+
+from probes.common.verbs import (  # noqa: E402
     Command,
     Verbs,
     bars,
@@ -358,31 +376,47 @@ for _info in [*app.registered_commands, *seeds_app.registered_commands]:
 
 
 def main() -> None:
-    """Console entry point: usage errors also become one line; SIGTERM cleans up as Ctrl-C
-    does (partial files are removed) and exits 130 with one line."""
-    import signal
+    """Console entry point: usage errors also become one line. SIGINT (Ctrl-C) and SIGTERM
+    clean up wherever they land: during the work, partial files are removed and the exit is
+    130 (SIGINT) or 143 (SIGTERM) with one line; before it starts and once it is done, the
+    process ends at once with the same code and line."""
+    seen = {}
 
-    def terminated(signum, frame):
+    def interrupted(signum, frame):
+        seen["code"] = 128 + signum
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal waits for the clean-up
+            if signal.getsignal(sig) is interrupted:
+                signal.signal(sig, lambda s, f: None)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, terminated)
+    # a SIGINT the parent set to be ignored (a background job) stays ignored
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _abort_now):
+        signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    code = 0
     try:
         rv = app(standalone_mode=False)
         if rv == 130:  # typer returns Ctrl-C (and SIGTERM, above) as exit code 130
             typer.echo("\nerror: aborted", err=True)
-        if isinstance(rv, int) and rv != 0:
-            sys.exit(rv)
+            code = seen.get("code", 130)
+        elif isinstance(rv, int):
+            code = rv
     except click_exceptions.NoArgsIsHelpError as e:
         typer.echo(e.format_message())
-        sys.exit(0)
     except click_exceptions.UsageError as e:
         typer.echo(f"error: {e.format_message()}", err=True)
-        sys.exit(2)
+        code = 2
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("error: aborted", err=True)
-        sys.exit(130)
+        code = seen.get("code", 130)
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    finally:
+        # the work is written whole or undone by now: a late signal ends the process at once
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) not in (signal.SIG_IGN, signal.default_int_handler):
+                signal.signal(sig, _abort_now)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -198,11 +198,13 @@ def test_sigterm_removes_the_partial_file(tmp_path):
         assert p.poll() is None, "the run ended before it started writing"
         p.terminate()
         _, err = p.communicate(timeout=60)
-        if p.returncode == 0:  # it finished first: the file is whole, and nothing else is there
+        # it finished first (the signal, if it came while Python shut down, ended it there):
+        # the file is whole, and nothing else is there
+        if p.returncode in (0, -signal.SIGTERM):
             assert [f.name for f in folder.iterdir()] == ["big.parquet"]
             assert len(load(folder / "big.parquet")) == n_groups * 10
             continue
-        assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
+        assert p.returncode == 143 and err.strip().splitlines()[-1] == "error: aborted"
         assert list(folder.iterdir()) == []
         return
     pytest.fail("every run finished before the signal came")
@@ -744,8 +746,52 @@ def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path
     assert p.poll() is None, "the run ended before it started"
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and err.strip().splitlines()[-1] == "error: aborted"
+    assert p.returncode == 128 + sig and err.strip().splitlines()[-1] == "error: aborted"
     assert "Traceback" not in err and _no_temp_files(out) == []
+
+
+def test_a_signal_at_any_moment_gives_its_exit_code_one_line_and_no_partial_file(tmp_path):
+    # the console script itself, as a user runs it; the signals land from its first moment
+    # (loading modules) through the work to its exit, spread over one run's measured length
+    from tasks.dataset import load
+
+    script = Path(sys.executable).with_name("fbt-probe")
+    if not script.is_file():
+        pytest.skip("the fbt-probe console script is not installed beside this python")
+
+    def start(out):
+        cmd = [str(script), "generate", "--task", "done_tracking", "--n-groups", "300",
+               "--out", str(out)]  # fmt: skip
+        return subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+
+    t0 = time.monotonic()
+    p = start(tmp_path / "whole.parquet")
+    assert p.wait(timeout=120) == 0
+    length = time.monotonic() - t0
+    outcomes = set()
+    for i in range(12):
+        sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
+        folder = tmp_path / f"run{i}"
+        folder.mkdir()
+        p = start(folder / "d.parquet")
+        time.sleep(length * (i + 0.5) / 12)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        assert "Traceback" not in err and "Exception" not in err, err
+        files = [f.name for f in folder.iterdir()]
+        if p.returncode == 0:  # it ended before the signal came
+            outcomes.add("done")
+        elif p.returncode == -sig:  # before Python ran a line of fbt-probe, or after its
+            assert err == "", err  # last: the system ends it (a shell shows 128 + signal)
+        else:
+            assert p.returncode == 128 + sig, (p.returncode, err)
+            assert err.strip().splitlines()[-1] == "error: aborted", err
+            outcomes.add("aborted")
+        assert files in ([], ["d.parquet"]), files  # nothing partial, no temporary file
+        if files:
+            assert len(load(folder / "d.parquet")) == len(load(tmp_path / "whole.parquet"))
+    assert "aborted" in outcomes
 
 
 # ---- seed studies trust no folder they did not check ----------------------------------------
