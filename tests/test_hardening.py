@@ -132,6 +132,54 @@ def test_an_item_named_twice_in_any_list_option_is_refused_before_any_work(
     assert files_under(tmp_path) == []
 
 
+# an option's bounds are checked once, by its options dataclass: on the command line and in
+# the library call alike, before any work
+SEEDED = ["fit", "intervene", "lens", "trajectory", "patch", "attribute", "heads"]
+
+
+def console(argv, monkeypatch, capsys) -> tuple[int, str]:
+    """``fbt-probe ARGV`` as the console script runs it (cli.main, which makes a usage error
+    one line too), in this process: (exit code, stderr). The signal handlers main installs
+    are put back."""
+    import cli
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(sys, "argv", ["fbt-probe", *argv])
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", SEEDED)
+def test_a_negative_seed_is_refused_naming_it_on_every_analysis(tmp_path, monkeypatch, capsys,
+                                                                verb):  # fmt: skip
+    import probes
+
+    monkeypatch.chdir(tmp_path)
+    code, err = console([verb, "--seed", "-1"], monkeypatch, capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and ("'--seed'" in err or "--seed " in err), err
+    with pytest.raises(ValueError, match="--seed must be at least 0, got -1"):
+        getattr(probes, f"run_{verb}")(seed=-1)
+    assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", [["patch", "--task", "done_tracking,delayed_memory"],
+                                  ["attribute", "--task", "all"],
+                                  ["view", "--task", "delayed_memory,done_tracking"],
+                                  ["stability", "--task", "done_tracking,multi_register"]])  # fmt: skip
+def test_a_verb_of_one_task_refuses_a_list_naming_task(tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(
+        CliRunner().invoke(app, argv), f"--task '{argv[2]}': this command takes one task"
+    )
+    assert files_under(tmp_path) == []
+
+
 # ---- output paths: never replace what is not a regular file; check before the work -------
 @pytest.fixture
 def odd_paths(tmp_path):

@@ -28,7 +28,7 @@ class AttributeOptions(Common):
     """A twin dataset (default data/<task>-twins.parquet)."""
     out: Path = option(Path("results/attribute"), "--out", "-o")
     """Output folder."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Seed of the bootstrap and of the sites checked at random."""
     batch_size: int = option(32, "--batch-size", min=1)
     """Examples per batch."""

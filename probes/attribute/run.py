@@ -28,11 +28,10 @@ from probes.analysis import Result
 from probes.attribute.check import agreement, batch_inputs, check_sites, exact_sweep
 from probes.attribute.plot import findings, plot_attribution
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
-from probes.common.data import load_or_generate
+from probes.common.data import load_or_generate, one_task
 from probes.common.extract import max_batch_tokens
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, batches, pairs_of
-from tasks import get_task
 from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
@@ -148,7 +147,7 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     out = Path(out)
     if groups is not None and groups < 1:
         raise ValueError(f"--groups must be at least 1, got {groups}")
-    get_task(task)
+    one_task(task)
     check_output_dir(out)
     m, name = resolve_model(model, resolve_device(device))
     m.eval()

@@ -69,6 +69,26 @@ def check_encoding(ds: Dataset, model, path) -> None:
         )
 
 
+def one_task(task: str, all_too: bool = False) -> str:
+    """The one task a command takes (``--task``): a registered name, not a list (and 'all'
+    only where ``all_too``)."""
+    if "," in task or (task == "all" and not all_too):
+        also = " or 'all'" if all_too else ""
+        raise ValueError(f"--task {task!r}: this command takes one task{also}, one of "
+                         f"{', '.join(task_names())}")  # fmt: skip
+    if task != "all":
+        known(task)
+    return task
+
+
+def known(task: str) -> None:
+    """A registered task, or one line naming ``--task`` and the known ones."""
+    try:
+        get_task(task)
+    except ValueError as e:
+        raise ValueError(f"--task: {e}") from None
+
+
 def tasks_and_data(task: str, data: str | Path | None) -> tuple[tuple[str, ...], dict | None]:
     """The tasks a command runs on (``--task``: a name, a comma-separated list or 'all') and,
     with ``--data``, the one dataset file given for its task."""
@@ -79,5 +99,5 @@ def tasks_and_data(task: str, data: str | Path | None) -> tuple[tuple[str, ...],
         return (ds_task,), {ds_task: data}
     task_list = task_names() if task == "all" else comma_items(task, "--task")
     for t in task_list:
-        get_task(t)
+        known(t)
     return task_list, None

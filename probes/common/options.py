@@ -84,6 +84,19 @@ class Common:
     device: str = option("cpu", "--device")
     """Where to run: cpu, cuda, cuda:N, or auto."""
 
+    def __post_init__(self):
+        """A number outside its option's bounds (``min``, ``max``) is refused here, naming the
+        option: the command line's parser checks them too, the library call only here."""
+        for f in fields(self):
+            value, bounds = getattr(self, f.name), f.metadata.get("click", {})
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            flag = next(iter(f.metadata.get("flags", ())), "--" + f.name.replace("_", "-"))
+            if "min" in bounds and value < bounds["min"]:
+                raise ValueError(f"{flag} must be at least {bounds['min']}, got {value}")
+            if "max" in bounds and value > bounds["max"]:
+                raise ValueError(f"{flag} must be at most {bounds['max']}, got {value}")
+
 
 def as_kwargs(options, *drop: str, **rename: str) -> dict:
     """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``

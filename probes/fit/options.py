@@ -14,7 +14,7 @@ class FitOptions(Common):
     PREFILLS_HELP  # noqa: B018 (the docstring: the help fit and intervene share)
     out: Path = option(Path("results"), "--out", "-o")
     """Results folder."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Fold, bootstrap and control seed."""
     folds: int = option(5, "--folds")
     """Grouped CV folds."""

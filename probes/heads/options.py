@@ -16,7 +16,7 @@ class HeadsOptions(Common):
     """A twin dataset (default data/<task>-twins.parquet)."""
     out: Path = option(Path("results/heads"), "--out", "-o")
     """Output folder."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Bootstrap seed and the induction test's tokens."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""

@@ -20,7 +20,7 @@ class InterveneOptions(Common):
     """A fit's results folder whose saved probes give the steering directions (default: per fold)."""
     intervention: str | None = option(None, "--intervention", "-i")
     """Run only these kinds (comma-separated; default all): {interventions}, or one registered with probes.register_intervention."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Fold, bootstrap and random-direction seed."""
     random_init: bool = option(False, "--random-init")
     """A control: the battery on a random-init model of --model's config."""

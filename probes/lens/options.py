@@ -20,7 +20,7 @@ class LensOptions(Common):
     """Also fit a tuned lens on half the groups (saved in OUT/tuned_lens)."""
     tuned_lens: Path | None = option(None, "--tuned-lens")
     """Read through this saved tuned lens instead."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Which groups fit the tuned lens; bootstrap seed."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""

@@ -24,7 +24,7 @@ class PatchOptions(Common):
     """A twin dataset (default data/<task>-twins.parquet)."""
     out: Path = option(Path("results/patch"), "--out", "-o")
     """Output folder."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Bootstrap seed."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""

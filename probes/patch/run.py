@@ -39,7 +39,7 @@ from fbt_probe.loading import resolve_model
 from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
 from fbt_probe.prefill import Prefill, parse_prefill
 from probes.analysis import Result
-from probes.common.data import load_or_generate
+from probes.common.data import load_or_generate, one_task
 from probes.common.extract import max_batch_tokens
 from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
@@ -47,7 +47,6 @@ from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
 from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
 from probes.intervene.run import pick_depths
 from probes.patch.plot import findings, plot_patch
-from tasks import get_task
 from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
@@ -225,7 +224,7 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     (pf, chosen, at_pass), out = parse_args(prefill, kinds, pass_), Path(out)
     if groups is not None and groups < 1:
         raise ValueError(f"--groups must be at least 1, got {groups}")
-    get_task(task)
+    one_task(task)
     check_output_dir(out)
     m, name = resolve_model(model, resolve_device(device))
     m.eval()

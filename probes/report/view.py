@@ -30,10 +30,10 @@ from fbt_probe.heads import pattern_hooks
 from fbt_probe.lens import Translators
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
-from probes.common.data import load_or_generate
+from probes.common.data import load_or_generate, one_task
 from probes.fit.artifacts import load_probes
 from probes.report.html import esc, page, write_page
-from tasks import task_names, vocab
+from tasks import vocab
 from tasks.lists import NamedTwice, comma_numbers
 from tasks.safe_files import check_output_file
 
@@ -223,8 +223,7 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
     """``fbt-probe view`` (see the module docstring); every argument is checked first."""
 
     t0, out = time.monotonic(), Path(out)
-    if task not in task_names():
-        raise ValueError(f"--task: one task, one of {', '.join(task_names())}; got {task!r}")
+    one_task(task)
     passes = jacobi_passes(prefill, 1, MAX_PASSES)
     parse_examples(examples)
     if out.suffix != ".html":

@@ -18,9 +18,10 @@ from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
 from fbt_probe.stability import heldout_batch, jacobi_trajectory, long_soft_decoding, verdict
 from probes.analysis import Result
+from probes.common.data import one_task
 from probes.common.tables import write_table
 from probes.stability.plot import plot_soft, plot_stability
-from tasks import get_task, task_names, vocab
+from tasks import task_names, vocab
 from tasks.safe_files import check_output_dir
 
 # the prompt long SOFT decoding continues: a delayed_memory prompt with one distractor
@@ -79,9 +80,7 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
         raise ValueError("--passes must be in 1..1000")
     if not 0 <= decode_tokens <= 4000:
         raise ValueError("--decode-tokens must be in 0..4000")
-    task_list = task_names() if task == "all" else (task,)
-    for t in task_list:
-        get_task(t)
+    task_list = task_names() if one_task(task, all_too=True) == "all" else (task,)
     loaded = [(spec, *resolve_model(spec)) for spec in models]
     for spec, m, _ in loaded:
         require_tokenizer(m)

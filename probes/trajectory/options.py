@@ -14,7 +14,7 @@ class TrajectoryOptions(Common):
     "The Jacobi passes run, distances taken to the last: " + JACOBI_WORDS + "; 2..64 passes."
     out: Path = option(Path("results/trajectory"), "--out", "-o")
     """Output folder."""
-    seed: int = option(0, "--seed")
+    seed: int = option(0, "--seed", min=0)
     """Bootstrap seed."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""
