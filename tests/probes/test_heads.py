@@ -273,7 +273,7 @@ def test_heads_and_patch_commands_on_a_hugging_face_model(hf_dm, tmp_path):
     (["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
     (["--prefill", "k17"], "error: --prefill k17: this command reads k1 to k16"),
     (["--passes", "3"], "error: --passes is gone: use --prefill k3"),
-    (["--task", "nope"], "error: unknown task"),
+    (["--task", "nope"], "error: --task: unknown task"),
 ])  # fmt: skip
 def test_heads_refuses_bad_input_in_one_line(tmp_path, args, message):
     r = CliRunner().invoke(app, ["heads", "--out", str(tmp_path / "h"), *args])
