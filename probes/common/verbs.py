@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from dataclasses import fields
 
 import typer
 
@@ -131,8 +132,13 @@ class Command(typer.core.TyperCommand):
             from probes.common.options import option_help
 
             docs = option_help(self.options)
+            bounds = {f.name: f.metadata.get("click", {}) for f in fields(self.options)}
             for p in self.params:
                 p.help = docs.get(p.name, p.help)
+                said = [f"{w} {bounds[p.name][k]}" for k, w in (("min", "at least"), ("max", "at most"))
+                        if k in bounds.get(p.name, {})]  # fmt: skip
+                if said and p.help:
+                    p.help += f" [{', '.join(said)}]"
         named = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
         for p in self.params:
             if getattr(p, "help", None) and named.search(p.help):
@@ -156,14 +162,17 @@ def analysis_command(analysis):
     dataclass (the field's docstring is its help), printing the lines its run reports."""
     import inspect
     import typing
-    from dataclasses import MISSING, fields
+    from dataclasses import MISSING
 
     options = analysis.options_class
     hints, params = typing.get_type_hints(options), []
     for f in fields(options):
         flags = f.metadata.get("flags") or (f"--{f.name.replace('_', '-')}",)
         default = f.default if f.default is not MISSING else f.default_factory()
-        opt = typer.Option(default, *flags, **f.metadata.get("click", {}))
+        # bounds (min, max) are the options dataclass's to check, with the same one line in
+        # the library call and on the command line; the help shows them
+        click = {k: v for k, v in f.metadata.get("click", {}).items() if k not in ("min", "max")}
+        opt = typer.Option(default, *flags, **click)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,
                                         annotation=hints[f.name]))  # fmt: skip
     for flag, replacement in analysis.moved.items():
