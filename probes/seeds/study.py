@@ -263,15 +263,29 @@ def study_rows(study: Path) -> dict[int, dict]:
     if not path.is_file():
         raise ValueError(f"{study}: no seed_rows.json (is it a folder `train --seeds` wrote?)")
     try:
-        rows = json.loads(path.read_text())
+        found = json.loads(path.read_text(), object_pairs_hook=_once)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+    except ValueError as e:  # a key written twice
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(found, dict) or not all(isinstance(r, dict) for r in found.values()):
         raise ValueError(f"{path}: not a study's rows (seed -> measured row)")
-    try:
-        return {int(s): r for s, r in rows.items()}
-    except ValueError:
-        raise ValueError(f"{path}: a key is not a seed number") from None
+    rows: dict[int, dict] = {}
+    for key, row in found.items():  # each seed written once, as write_study writes it: "0", "7"
+        if not (key.isdigit() and str(int(key)) == key):
+            raise ValueError(f"{path}: {key!r} is not a seed (an integer >= 0, as written)")
+        rows[int(key)] = row
+    return rows
+
+
+def _once(pairs: list) -> dict:
+    """A JSON object whose every key comes once (``json`` keeps the last of two silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"{k!r} is written twice")
+        out[k] = v
+    return out
 
 
 def recipe_of(study: Path, seed: int):

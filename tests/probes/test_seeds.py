@@ -156,3 +156,20 @@ def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path):
     r = merge(tmp_path / "none", out=tmp_path / "m3")
     assert r.exit_code == 1 and "no seed_rows.json" in r.output
     assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"0": {"a": 1}, "0": {"a": 2}}', "'0' is written twice"),
+    ('{"0": {"a": 1}, "00": {"a": 2}}', "'00' is not a seed"),
+    ('{"-1": {"a": 1}}', "'-1' is not a seed"),
+    ('{"+3": {"a": 1}}', "'+3' is not a seed"),
+    ('{"0": {"a": 1, "a": 2}}', "'a' is written twice"),
+])  # fmt: skip
+def test_merge_refuses_a_seed_written_twice_or_not_as_a_seed(tmp_path, text, message):
+    # json keeps the last of two equal keys, and int() reads "00" and "-1": neither may
+    # silently drop or add a seed
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "seed_rows.json").write_text(text)
+    r = merge(tmp_path / "a", out=tmp_path / "m")
+    assert r.exit_code == 1 and message in r.output and "seed_rows.json" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
