@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
+from probes.common.options import check_bounds
 from tasks import imports
 from tasks.registry import Registry
 
@@ -114,6 +115,7 @@ class Analysis:
             changes["model"] = model
         if changes:
             opts = replace(opts, **changes)
+        check_bounds(opts)
         return resolve(self.run)(opts, progress)
 
     def redraw(self, results: Path) -> int:

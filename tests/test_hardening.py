@@ -1084,7 +1084,7 @@ AUDIT_FOUND = [
     (["lens", "--position", "nope"], "--position 'nope': task delayed_memory declares no such position"),
     (["lens", "--position", ""], "--position ''"),
     (["patch", "--depths", "1,,2"], "--depths '1,,2'"),
-    (["heads", "--seed", "-1"], "--seed must be >= 0"),
+    (["heads", "--seed", "-1"], "--seed must be at least 0, got -1"),
 ]  # fmt: skip
 
 

@@ -84,18 +84,20 @@ class Common:
     device: str = option("cpu", "--device")
     """Where to run: cpu, cuda, cuda:N, or auto."""
 
-    def __post_init__(self):
-        """A number outside its option's bounds (``min``, ``max``) is refused here, naming the
-        option: the command line's parser checks them too, the library call only here."""
-        for f in fields(self):
-            value, bounds = getattr(self, f.name), f.metadata.get("click", {})
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            flag = next(iter(f.metadata.get("flags", ())), "--" + f.name.replace("_", "-"))
-            if "min" in bounds and value < bounds["min"]:
-                raise ValueError(f"{flag} must be at least {bounds['min']}, got {value}")
-            if "max" in bounds and value > bounds["max"]:
-                raise ValueError(f"{flag} must be at most {bounds['max']}, got {value}")
+
+def check_bounds(options) -> None:
+    """A number outside its option's bounds (``option(..., min=, max=)``) is refused, naming
+    the option; every analysis's run checks its options here, on the command line and in the
+    library call alike (the command line's parser leaves bounds to this)."""
+    for f in fields(options):
+        value, bounds = getattr(options, f.name), f.metadata.get("click", {})
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        flag = next(iter(f.metadata.get("flags", ())), "--" + f.name.replace("_", "-"))
+        if "min" in bounds and value < bounds["min"]:
+            raise ValueError(f"{flag} must be at least {bounds['min']}, got {value}")
+        if "max" in bounds and value > bounds["max"]:
+            raise ValueError(f"{flag} must be at most {bounds['max']}, got {value}")
 
 
 def as_kwargs(options, *drop: str, **rename: str) -> dict:
