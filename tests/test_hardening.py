@@ -1100,3 +1100,21 @@ def test_options_the_audit_found_are_refused_by_name_before_any_work(model_dir, 
     r = CliRunner().invoke(app, [*args, *extra, *out])
     one_line_error(r, needle)
     assert snapshot(tmp_path) == before
+
+
+# ---- work bounded before it starts (fbt_probe.budget) -----------------------------------------
+def test_a_patch_sweep_past_the_budget_is_refused_in_one_line_before_it_runs(tmp_path, monkeypatch):
+    import fbt_probe.budget as budget
+
+    # an hour's budget on any machine: the default sweep (about two minutes of 2 cores) runs,
+    # a thousand passes re-run for every patch (a day or more) is refused by name
+    monkeypatch.setattr(budget, "LIMIT_SECONDS", 3600.0)
+    out = tmp_path / "p"
+    r = CliRunner().invoke(app, ["patch", "--prefill", "k1000", "--pass", "1", "--out", str(out)])
+    one_line_error(r, "--prefill k1000 --pass 1: 142 patches of 1000 passes each", "ask for less")
+    assert not out.exists()
+    from fbt_probe.loading import resolve_model
+
+    m, _ = resolve_model("default")
+    wide = budget.seconds(m, 142 * 70016 * 1000)
+    assert budget.seconds(m, 142 * 70016 * 1) < 3600 < wide

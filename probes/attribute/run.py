@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from fbt_probe.attribution import KINDS, attribute, edge_layout
+from fbt_probe.budget import check_work
 from fbt_probe.device import resolve_device
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
@@ -32,6 +33,7 @@ from probes.common.data import load_or_generate, one_task
 from probes.common.extract import max_batch_tokens
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, batches, pairs_of
+from probes.patch.run import BACK
 from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
@@ -58,6 +60,21 @@ def batch_tokens(m, pf, edges: bool, longest: int) -> int:
     if pf.passes is None:
         per_token += 4 * L * d * longest
     return max(1, BATCH_BYTES // per_token)
+
+
+def check_attribution_work(m, bs, pf, kinds, check: str, ig_steps: int, prefill: str) -> None:
+    """Refuse a run past the machine's budget (``fbt_probe.budget``): the sweep is a clean and
+    a twin forward and a backward pass (about four forwards) per integration point, and each
+    checked site one patched run of every pass."""
+    L, H, passes = m.cfg.n_layers, m.n_heads, pf.passes or 1
+    cols = BACK + 2  # the label token, the positions before the answer, and all
+    sites = passes * ((L + 1) * cols * ("resid" in kinds) + L * H * ("head" in kinds)
+                      + cols * ("state" in kinds) + 3 * H * ("path" in kinds))  # fmt: skip
+    checked = sites if check == "all" else min(int(check), sites)
+    tokens = sum(int(b.tokens.numel()) for b in bs)
+    check_work(m, tokens * passes * (4 * (1 + ig_steps) + checked),
+               f"--prefill {prefill} --check {check} --ig-steps {ig_steps}",
+               f"{checked:,} exact patches and {1 + ig_steps} backward pass(es) on {tokens:,} tokens")  # fmt: skip
 
 
 def parse_args(prefill: str, kinds: str, edges: str, check: str):
@@ -170,6 +187,7 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     longest = int(max(len(t) for t in pairs.tokens))
     budget = min(max_batch_tokens(m), batch_tokens(m, pf, want_edges, longest))
     bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=budget)
+    check_attribution_work(m, bs, pf, chosen, check, ig_steps, prefill)
     label = f"{task} {pf.name}"
     t0 = time.monotonic()
     acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, ig_steps, progress, label)

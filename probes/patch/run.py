@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fbt_probe.budget import check_work
 from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hooks import at as only_in
@@ -143,6 +144,18 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
     return len(runs)
 
 
+def check_patch_work(m, bs, pf, kinds, at, at_pass: int, prefill: str, pass_) -> None:
+    """Refuse a sweep past the machine's budget (``fbt_probe.budget``): every patch re-runs
+    the passes from the patched one on, over every batch."""
+    L, H = m.cfg.n_layers, m.n_heads
+    sites = (len(at) * (BACK + 2) * ("resid" in kinds) + L * H * ("head" in kinds)
+             + 3 * H * ("path" in kinds))  # fmt: skip
+    tokens = sum(int(b.tokens.numel()) for b in bs)
+    options = f"--prefill {prefill}" + (f" --pass {pass_}" if pass_ is not None else "")
+    check_work(m, sites * tokens * (pf.passes - at_pass), options,
+               f"{sites:,} patches of {pf.passes - at_pass} passes each on {tokens:,} tokens")  # fmt: skip
+
+
 def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tuple]:
     """(key, first patched position, hooks, first block to re-run) of every patch."""
     L, H = model.cfg.n_layers, model.n_heads
@@ -242,6 +255,7 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
         first = np.unique(pairs.groups)[:groups]
         pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
     bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
+    check_patch_work(m, bs, pf, chosen, at, at_pass, prefill, pass_)
     rec, n_runs = Record(len(pairs)), 0
     with torch.inference_mode():
         for k, b in enumerate(bs):
