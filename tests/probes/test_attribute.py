@@ -119,3 +119,18 @@ def test_attribute_refuses_bad_input_in_one_line_before_any_work(tmp_path, args,
     assert r.exit_code != 0 and r.output.startswith(message), r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
+
+
+def test_agreement_counts_a_tie_with_the_kth_exact_effect_as_a_hit():
+    from probes.attribute.check import agreement
+
+    # 12 sites: the first 8 patch the same thing (exact 0.0, a tie), the rest barely matter;
+    # the estimate ranks sites 4..7 and 8..9 at its top. Of its top 6 (k = n // 2), the four
+    # tied ones are hits whichever four of the tie an exact top 6 would list
+    exact = [0.0] * 8 + [0.99, 0.98, 0.97, 0.96]
+    value = [0.5, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1, 0.1, 0.2, 0.2, 0.9, 0.95]
+    df = pd.DataFrame({"pass": 2, "intervention": "patch_resid", "site": [f"s{i}" for i in range(12)],
+                       "positions": "all", "value": value, "exact": exact})  # fmt: skip
+    ag = agreement(df)["resid_head"]
+    assert ag["top_k"] == 6 and ag["top_k_recall"] == pytest.approx(4 / 6)
+    assert ag["misses"][0]["site"] == "s8" and ag["hidden"] == 0  # effect 0.8 estimated, 0.01
