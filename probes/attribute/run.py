@@ -33,7 +33,7 @@ from probes.common.data import load_or_generate, one_task
 from probes.common.extract import max_batch_tokens
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, batches, pairs_of
-from probes.patch.run import BACK
+from probes.patch.run import count_sites
 from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
@@ -66,10 +66,8 @@ def check_attribution_work(m, bs, pf, kinds, check: str, ig_steps: int, prefill:
     """Refuse a run past the machine's budget (``fbt_probe.budget``): the sweep is a clean and
     a twin forward and a backward pass (about four forwards) per integration point, and each
     checked site one patched run of every pass."""
-    L, H, passes = m.cfg.n_layers, m.n_heads, pf.passes or 1
-    cols = BACK + 2  # the label token, the positions before the answer, and all
-    sites = passes * ((L + 1) * cols * ("resid" in kinds) + L * H * ("head" in kinds)
-                      + cols * ("state" in kinds) + 3 * H * ("path" in kinds))  # fmt: skip
+    passes = pf.passes or 1
+    sites = passes * count_sites(m, kinds, len(m.depth_hooks()))
     checked = sites if check == "all" else min(int(check), sites)
     tokens = sum(int(b.tokens.numel()) for b in bs)
     check_work(m, tokens * passes * (4 * (1 + ig_steps) + checked),

@@ -144,12 +144,19 @@ def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
     return len(runs)
 
 
+def count_sites(m, kinds, n_depths: int) -> int:
+    """Sites of one pass: each depth's residual at every column (the label token, the
+    positions before the answer, all), each head, the fed-back state at every column, and
+    each block-0 head's q, k and v path."""
+    cols, L, H = BACK + 2, m.cfg.n_layers, m.n_heads
+    return (n_depths * cols * ("resid" in kinds) + L * H * ("head" in kinds)
+            + cols * ("state" in kinds) + 3 * H * ("path" in kinds))  # fmt: skip
+
+
 def check_patch_work(m, bs, pf, kinds, at, at_pass: int, prefill: str, pass_) -> None:
     """Refuse a sweep past the machine's budget (``fbt_probe.budget``): every patch re-runs
     the passes from the patched one on, over every batch."""
-    L, H = m.cfg.n_layers, m.n_heads
-    sites = (len(at) * (BACK + 2) * ("resid" in kinds) + L * H * ("head" in kinds)
-             + 3 * H * ("path" in kinds))  # fmt: skip
+    sites = count_sites(m, kinds, len(at))
     tokens = sum(int(b.tokens.numel()) for b in bs)
     options = f"--prefill {prefill}" + (f" --pass {pass_}" if pass_ is not None else "")
     check_work(m, sites * tokens * (pf.passes - at_pass), options,
