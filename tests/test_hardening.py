@@ -826,8 +826,16 @@ def test_a_signal_at_any_moment_gives_its_exit_code_one_line_and_no_partial_file
         time.sleep(length * (i + 0.5) / 12)
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)
-        assert "Traceback" not in err and "Exception" not in err, err
         files = [f.name for f in folder.iterdir()]
+        if err.strip().splitlines()[-1:] == ["KeyboardInterrupt"] and "File" in err:
+            # Ctrl-C while Python itself compiles or finds cli.py (the console script's
+            # `from cli import main`, before cli's first line runs): no handler of ours can
+            # exist yet; nothing has been written
+            frames = [ln for ln in err.splitlines() if ln.strip().startswith("File ")]
+            assert len(frames) == 1 and frames[0].strip().endswith("in <module>"), err
+            assert "from cli import main" in err and files == [], err
+            continue
+        assert "Traceback" not in err and "Exception" not in err, err
         if p.returncode == 0:  # it ended before the signal came
             outcomes.add("done")
         elif p.returncode == -sig:  # before Python ran a line of fbt-probe, or after its
