@@ -19,6 +19,9 @@ from tasks.base import (
 
 NAME = "delayed_memory"
 LABELS = (vocab.ZERO, vocab.ONE)
+# the label words a real tokenizer may render the labels as, the built-in words first
+# (``tasks.encoding.choose_label_words`` takes the first set of single distinct tokens)
+LABEL_WORDS = (LABELS, ("zero", "one"), ("off", "up"), ("no", "yes"))
 # positions a probe site may name (``fit --site resid@bit``): words -> index
 POSITIONS = {"bit": lambda words: 2}  # <bos> SET b ...
 

@@ -26,6 +26,8 @@ from tasks.base import (
 
 NAME = "done_tracking"
 LABELS = (vocab.MORE, vocab.DONE)
+# the label words a real tokenizer may render the labels as (``tasks.encoding``)
+LABEL_WORDS = (LABELS, ("more", "done"), ("wait", "stop"))
 # positions a probe site may name (``fit --site resid@need``): words -> index; last_step is
 # the last STEP event (or the count itself when there is none)
 POSITIONS = {

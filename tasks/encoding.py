@@ -1,7 +1,9 @@
 """Tasks through a real tokenizer: the same examples, rendered as text and encoded with a
 Hugging Face model's own tokenizer (the built-in model keeps its word vocabulary).
 
-The text is the example's words joined by spaces. The colon is located from the tokenizer's
+The text is the example's words joined by spaces, each label word rendered as the tokenizer's
+label word for it (``choose_label_words``: the first of the task's ``LABEL_WORDS`` whose words
+are single distinct tokens, recorded in every dataset and model folder made with it). The colon is located from the tokenizer's
 character offsets: the prompt must end exactly where a token ends (a tokenizer that merges
 the colon with the next word is refused), and the prompt's tokens must be the ones the
 prompt alone encodes to (so the prompt a model is given is the one it was trained on). Each
@@ -29,9 +31,10 @@ class Encoded:
     label_positions: tuple[int, ...]  # where each label's first token is, in ``ids``
 
 
-def tokenizer_fingerprint(tok) -> str:
+def tokenizer_fingerprint(tok, label_words: dict | None = None) -> str:
     """A digest of what the tokenizer does (its whole serialised form when it is a fast
-    tokenizer, else its vocabulary): equal fingerprints encode every text alike."""
+    tokenizer, else its vocabulary) and of the label words it renders (where any differ from
+    the built-in ones): equal fingerprints encode every example alike."""
     h = hashlib.sha256()
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
@@ -39,22 +42,109 @@ def tokenizer_fingerprint(tok) -> str:
     else:
         h.update(repr(sorted(tok.get_vocab().items())).encode())
     h.update(repr(sorted((tok.special_tokens_map or {}).items())).encode())
+    changed = {t: list(w) for t, w in sorted((label_words or {}).items()) if _renamed(t, w)}
+    if changed:
+        h.update(repr(changed).encode())
     return h.hexdigest()[:16]
 
 
-class TokenizerEncoding:
-    """Examples -> token ids with one Hugging Face tokenizer (loaded from a local folder)."""
+def _renamed(task: str, words) -> bool:
+    from tasks import get_task
 
-    def __init__(self, tokenizer, source: str = ""):
+    try:
+        mod = get_task(task)
+    except ValueError:
+        return True
+    return tuple(words) != tuple(getattr(mod, "LABELS", ()))
+
+
+def _single(tok, word: str) -> int | None:
+    """The one token ``word`` encodes to after a space, or None where it takes more."""
+    ids = tok(" " + word, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None
+
+
+def choose_label_words(tok, tasks=None) -> dict[str, tuple[str, ...]]:
+    """Per task (``tasks``: modules, default every registered one), the words its labels are
+    rendered as with ``tok``: the first set of its ``LABEL_WORDS`` whose words are each one
+    token after a space, no two the same, and none a token of another word the tasks use
+    (their prompts' words and the sets chosen before). A label of one token is scored by that
+    token and a twin whose label changes stays aligned with its example, token for token.
+    Where no set qualifies, the built-in words (scored by their first token)."""
+    from tasks import get_task, task_names
+
+    mods = list(tasks) if tasks is not None else [get_task(t) for t in task_names()]
+    labels = {w for m in mods for ws in getattr(m, "LABEL_WORDS", ()) for w in ws}
+    taken: set[int] = set()
+    for w in vocab.TOKENS:
+        if w not in labels and w != vocab.PAD:
+            taken.update(tok(" " + w, add_special_tokens=False)["input_ids"])
+    out = {}
+    for m in mods:
+        options = getattr(m, "LABEL_WORDS", None) or (tuple(getattr(m, "LABELS", ())),)
+        out[m.NAME] = tuple(options[0])
+        for words in options:
+            ids = [_single(tok, w) for w in words]
+            if None not in ids and len(set(ids)) == len(ids) and not taken & set(ids):
+                out[m.NAME] = tuple(words)
+                break
+        taken.update(i for w in out[m.NAME] if (i := _single(tok, w)) is not None)
+    return out
+
+
+def check_label_words(words, where: str) -> dict[str, tuple[str, ...]]:
+    """A recorded ``label_words`` record ({task: [word, ...]}), refused in one line naming
+    ``where`` unless each is a list of distinct words without spaces."""
+    ok = isinstance(words, dict) and all(
+        isinstance(k, str) and isinstance(v, list | tuple) and v
+        and all(isinstance(w, str) and w and " " not in w for w in v) and len(set(v)) == len(v)
+        for k, v in words.items()
+    )  # fmt: skip
+    if not ok:
+        raise ValueError(f"{where}: label_words must map each task to a list of distinct words")
+    return {k: tuple(v) for k, v in words.items()}
+
+
+class TokenizerEncoding:
+    """Examples -> token ids with one Hugging Face tokenizer (loaded from a local folder).
+    ``label_words`` ({task: words}, as recorded by a model trained with them) fixes how the
+    labels are rendered; without it they are chosen for the tokenizer (``choose_label_words``)."""
+
+    def __init__(self, tokenizer, source: str = "", label_words: dict | None = None):
         self.tok = tokenizer
         self.source = source
-        self.fingerprint = tokenizer_fingerprint(tokenizer)
+        self.label_words = (
+            dict(label_words) if label_words is not None else choose_label_words(tokenizer)
+        )
+        self.surface = self._surface()
+        self.fingerprint = tokenizer_fingerprint(tokenizer, self.label_words)
         self.vocab_size = len(tokenizer)
         self._first: dict[str, int] = {}
         self._encoded: dict[Example, Encoded] = {}
 
+    def _surface(self) -> dict[str, str]:
+        """Each built-in label word -> the word it is rendered as (only those that differ)."""
+        from tasks import get_task
+
+        out: dict[str, str] = {}
+        for task, words in self.label_words.items():
+            try:
+                mod = get_task(task)
+            except ValueError:
+                continue  # a task not registered here: its words are never rendered
+            base = tuple(getattr(mod, "LABELS", ()))
+            if len(base) != len(words):
+                raise ValueError(f"label_words of {task} must be {len(base)} words, got "
+                                 f"{len(words)}")  # fmt: skip
+            out.update({b: w for b, w in zip(base, words, strict=True) if b != w})
+        return out
+
+    def render(self, words) -> str:
+        """Words as the text this tokenizer reads: label words renamed, joined by spaces."""
+        return " ".join(self.surface.get(w, w) for w in words)
+
     @classmethod
-    def from_folder(cls, folder: str | Path) -> TokenizerEncoding:
+    def from_folder(cls, folder: str | Path, label_words: dict | None = None) -> TokenizerEncoding:
         from transformers import AutoTokenizer
 
         folder = Path(folder)
@@ -66,7 +156,7 @@ class TokenizerEncoding:
                      if (folder / f).is_file()]  # fmt: skip
             where = f"{folder} ({', '.join(files)})" if files else str(folder)
             raise ValueError(f"{where} has no usable tokenizer ({first})") from None
-        enc = cls(tok, str(folder))
+        enc = cls(tok, str(folder), label_words)
         enc.check_colon()
         return enc
 
@@ -88,7 +178,8 @@ class TokenizerEncoding:
     def describe(self) -> dict:
         """What a dataset records of the tokenizer it was encoded with."""
         return {"fingerprint": self.fingerprint, "source": self.source,
-                "class": type(self.tok).__name__, "size": self.vocab_size}  # fmt: skip
+                "class": type(self.tok).__name__, "size": self.vocab_size,
+                "label_words": {t: list(w) for t, w in self.label_words.items()}}  # fmt: skip
 
     def _ids(self, text: str, offsets: bool = False):
         return self.tok(text, add_special_tokens=False, return_offsets_mapping=offsets)
@@ -96,7 +187,7 @@ class TokenizerEncoding:
     def first_token(self, word: str) -> int:
         """The first token of ``word`` as it appears after a space (how labels follow the colon)."""
         if word not in self._first:
-            ids = self._ids(" " + word)["input_ids"]
+            ids = self._ids(" " + self.surface.get(word, word))["input_ids"]
             if not ids:
                 raise ValueError(f"the tokenizer encodes the label {word!r} to no token")
             self._first[word] = ids[0]
@@ -124,8 +215,8 @@ class TokenizerEncoding:
         return hit
 
     def _encode(self, ex: Example) -> Encoded:
-        prompt = " ".join(ex.prompt)
-        text = ex.text
+        prompt = self.render(ex.prompt)
+        text = self.render(ex.tokens)
         enc = self._ids(text, offsets=True)
         ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
         ends = [e for _, e in offs]
@@ -146,7 +237,7 @@ class TokenizerEncoding:
         char, word_chars = len(prompt) + 1, []
         for w in ex.rendered_answer:
             word_chars.append(char)
-            char += len(w) + 1
+            char += len(self.surface.get(w, w)) + 1
         label_pos = []
         for off, label in zip(ex.label_offsets, ex.answer, strict=True):
             c = word_chars[off]

@@ -18,6 +18,13 @@ from tasks import vocab
 from tasks.base import STREAM_PROBE, Example, generate_groups, interleave, rng_for
 
 NAME = "multi_register"
+LABELS = vocab.VALUES  # the values are the labels
+# the label words a real tokenizer may render the values as (``tasks.encoding``)
+LABEL_WORDS = (
+    LABELS,
+    tuple("ABCDEFGHIJ"),
+    ("apple", "pear", "plum", "lemon", "grape", "peach", "mango", "lime", "fig", "kiwi"),
+)
 
 
 @dataclass(frozen=True)

@@ -90,12 +90,17 @@ def quiet() -> None:
 
 
 def load_hf(
-    path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0
-) -> HFFeedbackModel:
+    path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0, lora=None,
+    keep_adapter: bool = False,
+) -> HFFeedbackModel:  # fmt: skip
     """A model folder (``save_pretrained`` plus, if present, the fusion files; or a fusion
     folder that names its base, ``save_fusion``) as an ``HFFeedbackModel`` in eval mode.
-    Without fusion files: a fresh fusion (upcycling)."""
+    Without fusion files: a fresh fusion (upcycling). A LoRA adapter saved in the folder
+    (``fbt_probe.hf.lora``) is merged into the stack's weights, or with ``keep_adapter`` kept
+    apart to train on; ``lora`` (a ``LoraSpec``) adds a fresh one where the folder has none."""
     from transformers import AutoModelForCausalLM
+
+    from fbt_probe.hf.lora import add_lora, has_adapter, load_lora
 
     path = Path(path)
     if not path.is_dir():
@@ -114,13 +119,17 @@ def load_hf(
     if any((weights / f).is_file() for f in TOKENIZER_FILES):
         from tasks.encoding import TokenizerEncoding
 
-        encoding = TokenizerEncoding.from_folder(weights)
+        encoding = TokenizerEncoding.from_folder(weights, recorded_label_words(path))
         check_vocabulary(weights, config, encoding)
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(weights), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt weights raise safetensors' own error type
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{weights} is not a loadable Hugging Face model ({first})") from None
+    if has_adapter(path):
+        hf = load_lora(hf, path, merge=not keep_adapter)
+    elif lora is not None:
+        add_lora(hf, lora, seed)
     hf.eval()
     cfg = hf_config_of(hf, **spec)
     model = HFFeedbackModel(hf, cfg, encoding, str(path))
@@ -129,6 +138,26 @@ def load_hf(
     else:
         init_fusion(model, seed)
     return model.to(device).eval()
+
+
+META = "fbt_probe_meta.json"  # what training records beside a model it saved
+
+
+def recorded_label_words(folder: Path) -> dict | None:
+    """The label words a model was trained with (its ``fbt_probe_meta.json``'s
+    ``label_words``), or None where it records none (they are then chosen for its tokenizer)."""
+    from tasks.encoding import check_label_words
+
+    meta = folder / META
+    if not meta.is_file():
+        return None
+    try:
+        rec = json.loads(meta.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{meta} is not valid JSON ({e})") from None
+    if not isinstance(rec, dict) or "label_words" not in rec:
+        return None
+    return check_label_words(rec["label_words"], str(meta))
 
 
 def check_hf_config(folder: Path):
@@ -311,6 +340,7 @@ def save_fusion(model: HFFeedbackModel, out: str | Path, base: str | Path,
     from safetensors.torch import save_file
 
     from fbt_probe.hf.convert import PACKAGED, folder_weights_digest, read_source
+    from fbt_probe.hf.lora import has_lora, write_lora
     from tasks.safe_files import atomic_folder
 
     out, base = Path(out), Path(base)
@@ -325,6 +355,8 @@ def save_fusion(model: HFFeedbackModel, out: str | Path, base: str | Path,
         save_file(sd, str(tmp / FUSION_WEIGHTS), metadata={"format": FORMAT})
         cfg = {**model.cfg.fusion_dict(), "base": rec}
         (tmp / FUSION_CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+        if has_lora(model.hf):  # the stack's adapter, in peft's format
+            write_lora(model.hf, tmp, str(base))
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
 

@@ -17,7 +17,9 @@ from fbt_probe.train.schedule import QUANTITIES, RAMPABLE, Phase, plan_at, task_
 from tasks import get_task
 from tasks.sampler import COUNT_DISTS, TrainingStream
 
-LEARN = ("all", "fusion")
+LEARN = ("all", "fusion", "lora")
+# the linear layers of a Llama-family block (SmolLM2's): every projection of attention and MLP
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -62,8 +64,12 @@ class OptimConfig:
     # micro-batches, so a global batch larger than memory allows stays the recipe's
     accum: int = 1
     # which parameters learn: "all", or "fusion" (the fused-input map only; the stack keeps
-    # its weights, which get no gradient and no optimiser state)
+    # its weights, which get no gradient and no optimiser state), or "lora" (the fusion and
+    # low-rank adapters on the stack's linear layers, ``lora_targets``, a Hugging Face start)
     learn: str = "all"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0  # the adapter's update is lora_alpha / lora_rank * B A
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
         _need(self.learn in LEARN, f"optim.learn must be one of {LEARN}, got {self.learn!r}")
@@ -76,6 +82,11 @@ class OptimConfig:
         _need(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
         _need(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         _need(self.grad_clip > 0, f"optim.grad_clip must be > 0, got {self.grad_clip}")
+        _need(self.lora_rank >= 1, f"optim.lora_rank must be >= 1, got {self.lora_rank}")
+        _need(self.lora_alpha > 0, f"optim.lora_alpha must be > 0, got {self.lora_alpha}")
+        t = self.lora_targets
+        ok = len(t) > 0 and len(set(t)) == len(t) and all(isinstance(n, str) and n for n in t)
+        _need(ok, "optim.lora_targets must be distinct module names, at least one")
 
 
 @dataclass(frozen=True)

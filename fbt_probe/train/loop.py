@@ -240,6 +240,8 @@ def save_run_model(model, cfg: TrainConfig, folder: Path, meta: dict) -> None:
         save_model(model, folder, extra_meta=meta)
         return
 
+    if model.encoding is not None:  # the words its labels were trained as
+        meta = {**meta, "label_words": {t: list(w) for t, w in model.encoding.label_words.items()}}
     extra = {"fbt_probe_meta.json": json.dumps(meta, indent=2) + "\n"}
     if cfg.optim.learn == "all":
         save_hf(model, folder, extra=extra)

@@ -29,7 +29,8 @@ def build_model(cfg: TrainConfig):
             if cfg.model.feedback_source != TOP or cfg.model.feedback_target != 0:
                 raise ValueError("model.feedback_source and model.feedback_target: a Hugging Face "
                                  "model feeds its top state into its embeddings only")  # fmt: skip
-            m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed)
+            m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed, lora=lora_spec(cfg),
+                        keep_adapter=True)  # fmt: skip
             if m.cfg.fusion != cfg.model.fusion:
                 raise ValueError(
                     f"init_from {cfg.init_from!r} has a {m.cfg.fusion} fusion, the recipe sets "
@@ -39,10 +40,23 @@ def build_model(cfg: TrainConfig):
                 raise ValueError(f"init_from {cfg.init_from!r} has no tokenizer beside the model")
             m.cfg = replace(m.cfg, jitter=cfg.model.jitter)
             return m
+    if cfg.optim.learn == "lora":
+        raise ValueError("optim.learn = 'lora' adapts a Hugging Face model's stack: set init_from "
+                         "to a Hugging Face model folder")  # fmt: skip
     model = FBTModel(cfg.model, seed=cfg.run.seed)
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
     return model
+
+
+def lora_spec(cfg: TrainConfig):
+    """The fresh adapter ``optim.learn = "lora"`` trains (None under the other settings)."""
+    if cfg.optim.learn != "lora":
+        return None
+    from fbt_probe.hf.lora import LoraSpec
+
+    o = cfg.optim
+    return LoraSpec(o.lora_rank, o.lora_alpha, tuple(o.lora_targets))
 
 
 def init_folder(cfg: TrainConfig) -> Path:
@@ -82,10 +96,12 @@ def frozen_parameters(model: FeedbackModel, schedule) -> dict[str, list]:
 
 
 def set_learning(model: FeedbackModel, learn: str) -> None:
-    """``optim.learn``: "all" parameters learn, or the "fusion" only (the rest get no
-    gradient, so neither their gradients nor AdamW's state for them take memory)."""
+    """``optim.learn``: "all" parameters learn, or the "fusion" only, or the fusion and the
+    stack's low-rank adapters ("lora"); the rest get no gradient, so neither their gradients
+    nor AdamW's state for them take memory."""
     for n, p in model.named_parameters():
-        p.requires_grad_(learn == "all" or n.startswith("fusion."))
+        p.requires_grad_(learn == "all" or n.startswith("fusion.")
+                         or (learn == "lora" and ".lora_" in n))  # fmt: skip
 
 
 def learned_state(model: FeedbackModel) -> dict:

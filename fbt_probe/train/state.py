@@ -153,7 +153,9 @@ def check_run(cfg: TrainConfig, out: Path, resume: bool, world: World, dev) -> N
     if cfg.run.bf16 and dev.type != "cuda":
         raise ValueError("run.bf16 (bf16 autocast) needs a CUDA device (--device cuda)")
     if cfg.run.fsdp and cfg.optim.learn != "all":
-        raise ValueError("run.fsdp shards the whole model: with optim.learn = 'fusion' use DDP")
+        raise ValueError(
+            f"run.fsdp shards the whole model: with optim.learn = '{cfg.optim.learn}' use DDP"
+        )
     if cfg.run.fsdp and world.size < 2:
         raise ValueError("run.fsdp shards over the ranks: start 2 or more with torchrun")
 

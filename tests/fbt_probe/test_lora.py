@@ -1,0 +1,125 @@
+"""Upcycling with low-rank adapters (optim.learn = "lora"): the fusion and peft LoRA adapters on
+the stack learn, a checkpoint holds only them, the adapter is saved in peft's own format (so
+``PeftModel.from_pretrained`` loads it and computes fbt-probe's logits), and a run in parts
+ends where one run does. On a tiny Llama folder made here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from cli import app
+from fbt_probe.hf import load_hf
+from fbt_probe.hf.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
+
+pytest.importorskip("peft")
+SHORT = ["--set", "steps=12", "--set", "data.batch_size=4", "--set", "run.eval_examples=4",
+         "--set", "run.checkpoint_every=6", "--set", "optim.learn=lora",
+         "--set", "optim.lora_rank=4", "--set", 'optim.lora_targets=["q_proj","v_proj","down_proj"]']  # fmt: skip
+
+
+def train(base, out, *more):
+    return CliRunner().invoke(app, ["train", "--init-from", str(base), "--config", "upcycle-smollm2",
+                                    *SHORT, "--out", str(out), *more])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora")
+    base = model_folder(d / "base", "llama", bpe_tokenizer())
+    r = train(base, d / "run")
+    assert r.exit_code == 0, r.output
+    return d, base, d / "run"
+
+
+def test_the_adapter_and_fusion_learn_and_alone_are_saved(run):
+    d, base, out = run
+    folder = out / "model"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([
+        "fbt_probe_meta.json", "fusion.safetensors", "fusion_config.json",
+        ADAPTER_CONFIG, ADAPTER_WEIGHTS])  # fmt: skip
+    state = torch.load(out / "state.pt", weights_only=False)
+    names = sorted(state["model"])
+    assert names[:3] == ["fusion.W_G", "fusion.W_U", "fusion.norm.w"]
+    lora = names[3:]
+    # 2 layers x 3 targets x (A, B), nothing of the stack itself
+    assert len(lora) == 12 and all(".lora_A." in n or ".lora_B." in n for n in lora)
+    saved = load_file(str(folder / ADAPTER_WEIGHTS))
+    assert len(saved) == 12 and all(k.startswith("base_model.model.model.layers.") for k in saved)
+    assert all(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)  # B learned
+    cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4
+    assert sorted(cfg["target_modules"]) == ["down_proj", "q_proj", "v_proj"]
+    meta = json.loads((folder / "fbt_probe_meta.json").read_text())
+    assert set(meta["label_words"]) == {"delayed_memory", "done_tracking", "multi_register"}
+
+
+def test_peft_loads_the_adapter_with_fbt_probes_logits(run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    d, base, out = run
+    mine = load_hf(out / "model")  # the adapter merged into the stack's weights
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)),
+                                       str(out / "model")).eval()  # fmt: skip
+    plain = AutoModelForCausalLM.from_pretrained(str(base)).eval()
+    ids = torch.tensor([mine.encoding.encode(ex).ids for ex in _examples()][:1])
+    with torch.no_grad():
+        a = mine(ids, passes=1).logits  # pass 1: the stack alone, as peft's model computes it
+        b = theirs(input_ids=ids).logits
+        c = plain(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(b, c, atol=1e-4)  # the adapter changes the model
+    # kept apart (to train on), the adapter computes the same
+    kept = load_hf(out / "model", keep_adapter=True)
+    with torch.no_grad():
+        assert torch.allclose(
+            kept(ids, passes=2).logits, mine(ids, passes=2).logits, atol=1e-5, rtol=1e-4
+        )
+
+
+def _examples():
+    from tasks import get_task
+
+    mod = get_task("delayed_memory")
+    return mod.generate(2, (3,), seed=5)
+
+
+def test_a_run_in_parts_ends_where_one_run_does(run, tmp_path):
+    d, base, out = run
+    part = tmp_path / "part"
+    assert train(base, part, "--stop-after", "6").exit_code == 0
+    r = train(base, part, "--resume")
+    assert r.exit_code == 0, r.output
+    for name in ("fusion.safetensors", ADAPTER_WEIGHTS):
+        a = load_file(str(out / "model" / name))
+        b = load_file(str(part / "model" / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_damaged_adapter_is_refused_in_one_line(run, tmp_path):
+    import shutil
+
+    d, base, out = run
+    bad = tmp_path / "bad"
+    shutil.copytree(out / "model", bad)
+    (bad / ADAPTER_WEIGHTS).write_bytes(b"not safetensors")
+    r = CliRunner().invoke(app, ["eval", "--model", str(bad), "--n-groups", "5",
+                                 "--task", "delayed_memory", "--modes", "fused"])  # fmt: skip
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert str(bad / ADAPTER_WEIGHTS) in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_lora_on_the_built_in_model_or_an_unknown_module_is_refused(run, tmp_path):
+    d, base, out = run
+    r = CliRunner().invoke(app, ["train", "--config", "tiny", "--set", "optim.learn=lora",
+                                 "--out", str(tmp_path / "a")])  # fmt: skip
+    assert r.exit_code != 0 and "init_from" in r.output and not (tmp_path / "a").exists()
+    r = train(base, tmp_path / "b", "--set", 'optim.lora_targets=["nope_proj"]')
+    assert r.exit_code != 0 and "optim.lora_targets: nope_proj" in r.output
+    assert not (tmp_path / "b").exists()
