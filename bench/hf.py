@@ -10,7 +10,8 @@ the head is paid once, not k times.
 
 Run: .venv/bin/python -m bench.hf   (prints a table, writes bench/hf.json)
      .venv/bin/python -m bench.hf models/smollm2   (the same on SmolLM2-135M, batch 4 x 128,
-     and seconds per training step with the fusion learning alone and with everything;
+     and seconds per training step with the fusion learning alone, with the fusion and LoRA
+     adapters (upcycle-smollm2-lora's) and with everything, each with its peak memory;
      writes bench/hf_smollm2.json)
 """
 
@@ -84,18 +85,25 @@ def measure(family: str, built=None, shape=(B, T), repeats: int = REPEATS) -> di
 
 
 def train_rates(folder: str, steps: int = 4) -> list[dict]:
-    """Seconds per step and tokens per second of the upcycle-smollm2 recipe's steps (two
-    passes at a batch of 8) on ``folder``, with the fusion learning alone and with all."""
+    """Seconds per step, tokens per second and the peak of resident memory of the
+    upcycle-smollm2 recipe's steps (two passes at a batch of 8) on ``folder``, with the fusion
+    learning alone, with the fusion and upcycle-smollm2-lora's adapters, and with all."""
+    import resource
+
     from fbt_probe.hf import load_hf
     from fbt_probe.train.objective import multipass_loss
     from fbt_probe.train.recipes import named_config
-    from fbt_probe.train.start import make_optimizer, set_learning
+    from fbt_probe.train.start import lora_spec, make_optimizer, set_learning
     from fbt_probe.train.steps import draw_step, make_batch
 
     rows = []
-    for learn in ("fusion", "all"):
+    lora = named_config("upcycle-smollm2-lora").optim
+    for learn in ("fusion", "lora", "all"):
         cfg = named_config("upcycle-smollm2").with_overrides({"optim.learn": learn})
-        model = load_hf(folder).train()
+        if learn == "lora":  # the adapters the lora recipe trains
+            cfg = cfg.with_overrides({"optim.lora_rank": lora.lora_rank,
+                                      "optim.lora_targets": list(lora.lora_targets)})  # fmt: skip
+        model = load_hf(folder, lora=lora_spec(cfg), keep_adapter=True).train()
         set_learning(model, learn)
         opt, stream = make_optimizer(model, cfg), cfg.stream()
         times, tokens = [], []
@@ -113,7 +121,11 @@ def train_rates(folder: str, steps: int = 4) -> list[dict]:
         rows.append({"learn": learn, "trainable": sum(p.numel() for p in model.parameters()
                                                        if p.requires_grad),
                      "s_per_step": round(sec, 2),
-                     "tokens_per_s": round(float(np.sum(tokens[1:]) / np.sum(times[1:])))})  # fmt: skip
+                     "tokens_per_s": round(float(np.sum(tokens[1:]) / np.sum(times[1:]))),
+                     # the process's peak so far: each row runs after the ones before it
+                     "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                           / 2**20, 2)})  # fmt: skip
+        del model, opt
     return rows
 
 
@@ -134,7 +146,8 @@ def main() -> None:
         res = smollm2(sys.argv[1])
         print(f"SmolLM2-135M ({sys.argv[1]}): wrapper vs bare forward, batch 4 x 128")
         print(table([res["forward"]], list(res["forward"])))
-        print("\ntraining steps of upcycle-smollm2 (median of 4, after one warm-up)")
+        print("\ntraining steps of upcycle-smollm2 (median of 4, after one warm-up; the peak is "
+              "the process's so far)")
         print(table(res["train"], list(res["train"][0])))
         print(f"wrote {write_json('hf_smollm2', {'machine': machine(), **res})}")
         return

@@ -14,8 +14,6 @@ a position the task declares (``resid@bit``: delayed_memory's stored bit).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,6 @@ from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import run_recurrence_with_cache
 from tasks import get_task, vocab
 from tasks.dataset import Dataset
-from tasks.safe_files import atomic_write
 
 DEFAULT_CACHE = Path(".cache") / "extract"
 
@@ -201,11 +198,6 @@ def _gather(part: np.ndarray | None, device) -> np.ndarray:
     return full.cpu().numpy()
 
 
-def cache_key(mhash: str, dhash: str, prefill: str, site: str = RESID) -> str:
-    extra = "" if site == RESID else f"|{site}"  # resid keeps the keys written before sites
-    return hashlib.sha256(f"{mhash}|{dhash}|{prefill}|v1{extra}".encode()).hexdigest()[:20]
-
-
 def extract_cached(
     model: FeedbackModel,
     ds: Dataset,
@@ -215,34 +207,27 @@ def extract_cached(
     progress=None,
     site: str = RESID,
 ) -> tuple[np.ndarray, bool]:
-    """Features for (model, dataset, prefill, site), from disk when already extracted.
+    """Features for (model, dataset, prefill, site), from disk when already extracted: a
+    verified cache entry (``probes.common.cache``), keyed by the rows as read, not by the
+    file's metadata.
 
     Returns ``(features, was_cached)``.
     """
+    from probes.common.cache import entry_inputs, entry_path, read_entry, rows_digest, write_entry
+
     prefill = parse_prefill(prefill)
     site_hooks(model, site)
     if cache_dir is None:
         return extract_features(model, ds, prefill, progress=progress, site=site), False
     mhash = mhash or model_hash(model)
-    path = Path(cache_dir) / f"{cache_key(mhash, ds.content_hash, prefill.name, site)}.npy"
-    if path.is_file():
-        try:
-            feats = np.load(path)
-            if feats.ndim == 3 and feats.shape[0] == len(ds) and feats.dtype == np.float32:
-                return feats, True
-        except (OSError, ValueError, EOFError):
-            pass
-        path.unlink(missing_ok=True)  # a damaged or foreign cache entry is recomputed
+    rows = rows_digest(ds.token_ids, ds.colon_index, site_positions(ds, site))
+    inputs = entry_inputs(mhash, rows, prefill.name, site, ds.task)
+    path = entry_path(Path(cache_dir), inputs)
+    feats = read_entry(path, inputs, len(ds))
+    if feats is not None:
+        return feats, True
     feats = extract_features(model, ds, prefill, progress=progress, site=site)
     if _world()[0] != 0:
         return feats, False  # under torchrun rank 0 writes the cache entry
-
-    def save(tmp):
-        with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to a name
-            np.save(f, feats)
-
-    atomic_write(path, save)
-    meta = {"model_hash": mhash, "dataset_hash": ds.content_hash, "prefill": prefill.name,
-            "site": site, "task": ds.task}  # fmt: skip
-    atomic_write(path.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(meta)))
+    write_entry(path, feats, inputs)
     return feats, False
