@@ -87,6 +87,8 @@ class Translators:
         n, d = len(model.depth_hooks()), model.cfg.d_model
         if tuple(t["A"].shape) != (n, d, d) or tuple(t["b"].shape) != (n, d):
             raise ValueError(f"the tuned lens in {folder} does not fit a model of {n} depths x {d}")
+        if not (torch.isfinite(t["A"]).all() and torch.isfinite(t["b"]).all()):
+            raise ValueError(f"{weights} holds NaN or infinite values: fit the tuned lens again")
         meta = {k: v for k, v in meta.items() if k not in ("format", "version")}
         return cls(t["A"].float(), t["b"].float(), meta)
 

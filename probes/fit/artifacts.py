@@ -78,25 +78,95 @@ def fit_and_save(folder, cells, data, probe: str, run_meta: dict, n_jobs: int = 
     return folder
 
 
+# what every entry of probes.json must hold, and of which type
+FIELDS = {"task": str, "target": str, "prefill": str, "depth": int, "probe": str,
+          "classes": list, "model_hash": str}  # fmt: skip
+
+
 def load_probes(folder) -> list[SavedProbe]:
-    """Every probe of a fit's ``probes/`` folder (or of the results folder above it)."""
+    """Every probe of a fit's ``probes/`` folder (or of the results folder above it), each
+    checked as it loads: a malformed ``probes.json`` entry, arrays that are missing, not
+    finite or of another shape than its probe needs are refused in one line naming the file."""
     folder = Path(folder)
     if (folder / "probes" / INDEX).is_file():
         folder = folder / "probes"
     if not (folder / INDEX).is_file() or not (folder / WEIGHTS).is_file():
         raise FileNotFoundError(f"no saved probes in {folder} (fbt-probe fit writes them)")
+    index = folder / INDEX
     try:
-        doc = json.loads((folder / INDEX).read_text())
+        doc = json.loads(index.read_text())
         arrays = load_file(str(folder / WEIGHTS))
-    except (json.JSONDecodeError, OSError, ValueError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, ValueError) as e:
         raise ValueError(
             f"{folder}: saved probes cannot be read ({str(e).splitlines()[0]})"
         ) from None
-    out = []
-    for i, meta in enumerate(doc["probes"]):
-        state = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}.")}
-        out.append(SavedProbe(meta, probe_class(meta["probe"]).from_saved(meta, state)))
-    return out
+    entries = doc.get("probes") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{index} holds no list of probes")
+    return [_saved(i, meta, arrays, folder) for i, meta in enumerate(entries)]
+
+
+def _saved(i: int, meta, arrays: dict, folder: Path) -> SavedProbe:
+    index, weights = folder / INDEX, folder / WEIGHTS
+    if not isinstance(meta, dict):
+        raise ValueError(f"{index}: probe {i} is not an object")
+    for key, kind in FIELDS.items():
+        v = meta.get(key)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ValueError(f"{index}: probe {i} has no valid {key!r} (got {v!r})")
+    state = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}.")}
+    if not state:
+        raise ValueError(f"{weights} holds no arrays for probe {i} of {index}")
+    bad = sorted(k for k, v in state.items() if not np.isfinite(v).all())
+    if bad:
+        raise ValueError(f"{weights}: probe {i}'s {bad[0]} holds NaN or infinite values")
+    try:
+        return SavedProbe(meta, probe_class(meta["probe"]).from_saved(meta, state))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{index}: probe {i} ({meta['probe']}) does not match its arrays in "
+                         f"{weights.name} ({e})") from None  # fmt: skip
+
+
+def check_use(probes: list[SavedProbe], folder, model_hash: str, cells, depths,
+              width: int) -> None:  # fmt: skip
+    """Saved probes for a use that reads a linear direction of every (task, prefill) in
+    ``cells`` at each of ``depths`` on the residual, for one model: anything else is refused
+    in one line naming the file and what differs (another model, task, prefill, site, kind
+    of probe or depths), so that nothing is refitted behind the user's back."""
+    index = (
+        Path(folder) / INDEX
+        if (Path(folder) / INDEX).is_file()
+        else Path(folder) / "probes" / INDEX
+    )
+    mine = [p for p in probes if p.meta["model_hash"] == model_hash]
+    if not mine:
+        raise ValueError(f"{index}: its probes were fitted on another model (hash "
+                         f"{probes[0].meta['model_hash'][:12]}..., this one {model_hash[:12]}...)")  # fmt: skip
+    for task, prefill in cells:
+        have = [p for p in mine if p.meta["task"] == task and p.meta["prefill"] == prefill]
+        if not have:
+            held = sorted({f"{p.meta['task']} under {p.meta['prefill']}" for p in mine})
+            raise ValueError(f"{index} has no probe of {task} under prefill {prefill} (it holds "
+                             f"{', '.join(held)})")  # fmt: skip
+        sites = {p.meta.get("site", "resid") for p in have}
+        if "resid" not in sites:
+            raise ValueError(f"{index}: the probes of {task} under {prefill} read site "
+                             f"{', '.join(sorted(sites))}, not the residual (resid)")  # fmt: skip
+        have = [p for p in have if p.meta.get("site", "resid") == "resid"]
+        if all(p.direction() is None for p in have):
+            raise ValueError(f"{index}: the probes of {task} under {prefill} are "
+                             f"{have[0].meta['probe']} probes, which have no direction "
+                             "(fit them with --probe logistic)")  # fmt: skip
+        missing = sorted({d for d in depths} - {p.meta["depth"] for p in have
+                                                 if p.direction() is not None})  # fmt: skip
+        if missing:
+            raise ValueError(f"{index} has no linear probe of {task} under {prefill} at depth "
+                             f"{', '.join(map(str, missing[:5]))}")  # fmt: skip
+        widths = {p.direction().shape[-1] for p in have if p.direction() is not None}
+        if widths != {width}:
+            raise ValueError(f"{index}: the probes of {task} under {prefill} read "
+                             f"{', '.join(map(str, sorted(widths)))} features, the model's "
+                             f"residual has {width}")  # fmt: skip
 
 
 def find(probes: list[SavedProbe], **where) -> SavedProbe:

@@ -46,7 +46,7 @@ from probes.common.twins import (
     pairs_of,
     window_mask,
 )
-from probes.fit.artifacts import load_probes
+from probes.fit.artifacts import check_use, load_probes
 from probes.fit.cv import grouped_splits
 from probes.fit.run import versions
 from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
@@ -147,6 +147,10 @@ def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, 
         saved = None
         if probes is not None:
             saved = saved_directions(probes, ds.task, names, targets, pf.name, d)
+            if saved is None:  # never fitted here behind the user's back
+                raise ValueError(f"the saved probes hold no linear probe of every target of "
+                                 f"{ds.task} ({', '.join(names[t] for t in targets)}) under "
+                                 f"{pf.name} at depth {d}")  # fmt: skip
         directions = "saved probes" if saved is not None else f"logistic (C={DIRECTION_C}) per fold"
         tools[d] = depth_tools(feats[:, d], pairs, classes, held, saved, seed, d)
         if progress is not None:
@@ -329,12 +333,16 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
     if random_init and probes_dir is not None:
         raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
     if probes_dir is not None:
-        from probes.fit.artifacts import load_probes
-
-        load_probes(probes_dir)  # a missing or unreadable folder fails now, not after work
+        if not any(REGISTRY[k].directions for k in names):
+            raise ValueError(f"--probes: none of the interventions ({', '.join(names)}) reads a "
+                             "probe direction (erase_probe, steer_probe do)")  # fmt: skip
+        saved = load_probes(probes_dir)  # a missing or unreadable folder fails now
     dev, world = place(device)
     m, name = resolve_model(model, dev)
-    pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
+    used = pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
+    if probes_dir is not None:  # the probes must be the ones this battery reads, or it refuses
+        check_use(saved, probes_dir, model_hash(m), [(t, p.name) for t in task_list
+                                                     for p in prefills], used, m.cfg.d_model)  # fmt: skip
     if random_init:
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction

@@ -221,6 +221,8 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
         raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
     if batch_size < 1:
         raise ValueError("--batch-size must be at least 1")
+    if tuned_lens is not None and not tuned:
+        raise ValueError("--tuned-lens reads a saved tuned lens, --no-tuned reads none: give one")
     check_output_dir(out)
     task_list, data_map = tasks_and_data(task, data)
     check_position(position, task_list)

@@ -446,3 +446,84 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
             "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)]  # fmt: skip
     finally:
         I.REGISTRY.remove("double_state")
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A fit's probes on the default model (delayed_memory, recurrent), linear and MLP."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    d = tmp_path_factory.mktemp("use")
+    data = generate_dataset("delayed_memory", d / "dm.parquet", n_groups=10,
+                            distractors=(1, 5), seed=2, twins=True)  # fmt: skip
+    for kind in ("logistic", "mlp"):
+        r = CliRunner().invoke(app, ["fit", "--data", str(data), "--prefill", "recurrent",
+                                     "--no-controls", "--probe", kind, "--out", str(d / kind)])  # fmt: skip
+        assert r.exit_code == 0, r.output
+    return d, data
+
+
+def _edit_index(folder, fn):
+    path = folder / "probes" / "probes.json"
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _nan_weights(folder):
+    from safetensors.numpy import load_file, save_file
+
+    path = folder / "probes" / "probes.safetensors"
+    arrays = load_file(str(path))
+    key = next(k for k in arrays if k.endswith("coef"))
+    arrays[key][0, 0] = np.nan
+    save_file(arrays, str(path))
+
+
+USES = {
+    "another prefill": ((), ["--prefill", "standard"], "has no probe of delayed_memory under "
+                        "prefill standard"),
+    "another task": (("task",), ["--prefill", "recurrent"], "has no probe of delayed_memory"),
+    "the mlp kind": ("mlp", ["--prefill", "recurrent"], "are mlp probes, which have no direction"),
+    "a missing depth": (("depth",), ["--prefill", "recurrent"], "has no linear probe of "
+                        "delayed_memory under recurrent at depth"),
+    "a broken entry": (("classes",), ["--prefill", "recurrent"], "probe 0 has no valid 'classes'"),
+    "NaN weights": ("nan", ["--prefill", "recurrent"], "holds NaN or infinite values"),
+    "no kind reads them": ((), ["--prefill", "recurrent", "-i", "interchange_state"],
+                           "--probes: none of the interventions"),
+    "another model": ((), ["--prefill", "recurrent", "--random-init"], "--random-init"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(USES))
+def test_saved_probes_are_checked_against_their_use(fitted, tmp_path, case):
+    """Probes fitted for something else, or damaged, are refused in one line naming the file
+    (or the option) before any work: never silently refitted."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    d, data = fitted
+    edit, args, msg = USES[case]
+    folder = tmp_path / "fit"
+    shutil.copytree(d / ("mlp" if edit == "mlp" else "logistic"), folder)
+    if edit == "nan":
+        _nan_weights(folder)
+    elif edit == ("task",):
+        _edit_index(folder, lambda doc: [p.update(task="done_tracking") for p in doc["probes"]])
+    elif edit == ("depth",):
+        _edit_index(folder, lambda doc: doc.update(probes=[p for p in doc["probes"]
+                                                            if p["depth"] != 0]))  # fmt: skip
+    elif edit == ("classes",):
+        _edit_index(folder, lambda doc: doc["probes"][0].update(classes="ZERO"))
+    out = tmp_path / "iv"
+    r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--probes", str(folder),
+                                 "--out", str(out), *args])  # fmt: skip
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0], lines
+    assert not out.exists()

@@ -100,6 +100,18 @@ def test_a_tuned_lens_saves_reloads_and_predicts_the_same(default_model, tmp_pat
         Translators.load(tmp_path / "tl", default_model, "0" * 16)
     with pytest.raises(FileNotFoundError, match="no tuned lens in"):
         Translators.load(tmp_path / "nowhere", default_model, mhash)
+    A = tr.A.clone()
+    A[0, 0, 0] = float("nan")
+    Translators(A, tr.b, {"model_hash": mhash}).save(tmp_path / "nan")
+    with pytest.raises(ValueError, match="holds NaN or infinite values"):
+        Translators.load(tmp_path / "nan", default_model, mhash)
+    # a saved lens and --no-tuned cannot both take effect: refused before any work
+    r = CliRunner().invoke(app, ["lens", "--tuned-lens", str(tmp_path / "tl"), "--no-tuned",
+                                 "--out", str(tmp_path / "out")])  # fmt: skip
+    assert r.exit_code != 0 and r.output.strip().splitlines() == [
+        "error: --tuned-lens reads a saved tuned lens, --no-tuned reads none: give one"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_lens_command_on_the_default_model(tmp_path):
