@@ -21,9 +21,9 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("cache")
     model = FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0).eval()
     save_model(model, d / "m")
-    a = generate_dataset("delayed_memory", d / "a.parquet", n_groups=6, distractors=(1, 4), seed=2)
-    b = generate_dataset("delayed_memory", d / "b.parquet", n_groups=6, distractors=(1, 4), seed=3)
-    return model, load(a), d / "a.parquet", d / "b.parquet"
+    generate_dataset("delayed_memory", d / "a.parquet", n_groups=6, distractors=(1, 4), seed=2)
+    generate_dataset("delayed_memory", d / "b.parquet", n_groups=6, distractors=(1, 4), seed=3)
+    return model, load(d / "a.parquet"), d / "a.parquet", d / "b.parquet"
 
 
 def test_a_dataset_never_gets_anothers_features(setup, tmp_path):
