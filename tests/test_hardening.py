@@ -1126,3 +1126,35 @@ def test_a_patch_sweep_past_the_budget_is_refused_in_one_line_before_it_runs(tmp
     m, _ = resolve_model("default")
     wide = budget.seconds(m, 142 * 70016 * 1000)
     assert budget.seconds(m, 142 * 70016 * 1) < 3600 < wide
+
+
+BOUNDED = {  # every verb that runs a model over data: its prefill option's spelling
+    "fit": ["fit", "--prefill", "k1000", "--no-controls"],
+    "lens": ["lens", "--prefill", "k16", "--no-tuned"],  # these three read at most 16 passes
+    "trajectory": ["trajectory", "--prefill", "k16"],
+    "heads": ["heads", "--prefill", "k16"],
+    "stability": ["stability", "--prefill", "k1000", "--decode-tokens", "0"],
+    "intervene": ["intervene", "--prefill", "k1000", "-i", "interchange_state"],
+    "patch": ["patch", "--prefill", "k1000"],
+    "attribute": ["attribute", "--prefill", "k1000"],
+}
+
+
+@pytest.mark.parametrize("verb", list(BOUNDED))
+def test_every_verb_prices_its_work_before_it_starts(tmp_path, monkeypatch, verb):
+    """One estimate (fbt_probe.budget) for every verb: with a limit of a millisecond, many
+    passes are refused in one line naming --prefill, before any progress line and
+    with nothing written (the data they would read generated beforehand)."""
+    import fbt_probe.budget as budget
+
+    data = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=6,
+                            distractors=(1, 4), seed=2, twins=True)  # fmt: skip
+    monkeypatch.setattr(budget, "LIMIT_SECONDS", 1e-3)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    args = [*BOUNDED[verb], "--out", str(tmp_path / "out")]
+    if verb != "stability":
+        args += ["--data", str(data)]
+    r = CliRunner().invoke(app, args)
+    one_line_error(r, "--prefill", "would take about", "ask for less")
+    assert snapshot(tmp_path) == before

@@ -31,6 +31,7 @@ from probes.analysis import Result
 from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
 from probes.common.tables import write_json, write_table
+from probes.common.work import check_data_work, prefill_passes
 from probes.fit.artifacts import fit_and_save
 from probes.fit.cv import N_FOLDS, fit_cell, permute_by_group
 from probes.fit.plot import plot_all
@@ -179,6 +180,9 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
     for t, ds in datasets.items():  # before the features are extracted, not after
         if folds > (n_groups := len(np.unique(ds.group))):
             raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
+    passes = sum(prefill_passes(parse_prefill(p)) for p in prefills)
+    check_data_work(model, datasets.values(), passes, len(sites) * (1 + controls),
+                    "--prefill, --site" if len(sites) > 1 else "--prefill")  # fmt: skip
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
     feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
     for site in sites:

@@ -38,6 +38,7 @@ from probes.common.extract import max_batch_tokens
 from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
 from probes.common.twins import Pairs, batches, pairs_of
+from probes.common.work import check_data_work
 from probes.heads.plot import plot_heads
 from tasks import vocab
 from tasks.base import POOLED
@@ -181,8 +182,10 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
     if not m.n_heads:
         raise ValueError(f"{name}: its attention layout has no per-head hooks here")
     rows, patterns, shown = induction_rows(m, passes, seed), [], {}
-    for t in task_list:
-        ds = load_or_generate(t, (data_map or {}).get(t), m, twins=True)
+    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=True)
+                for t in task_list}  # fmt: skip
+    check_data_work(m, datasets.values(), passes, 1, "--prefill")  # one run of every example
+    for t, ds in datasets.items():
         pairs = pairs_of(ds)
         counts = ds.n_distractors[pairs.rows]
         show = shown_example(counts)

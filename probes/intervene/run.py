@@ -46,6 +46,7 @@ from probes.common.twins import (
     pairs_of,
     window_mask,
 )
+from probes.common.work import check_data_work, prefill_passes
 from probes.fit.artifacts import check_use, load_probes
 from probes.fit.cv import grouped_splits
 from probes.fit.run import versions
@@ -288,10 +289,13 @@ def run_intervene(
         if not probes:
             raise ValueError(f"the probes in {probes_dir} were fitted on another model")
     frames, meta_runs = [], []
-    loaded = {}
+    loaded = {t: load_or_generate(t, (data or {}).get(t), model, twins=True)
+              for t in dict.fromkeys(t for t, _ in plan)}  # fmt: skip
+    # per (task, prefill): the clean and twin runs, and at least one patched run per kind
     for task, prefill in plan:
-        if task not in loaded:
-            loaded[task] = load_or_generate(task, (data or {}).get(task), model, twins=True)
+        check_data_work(model, [loaded[task]], prefill_passes(parse_prefill(prefill)),
+                        2 + len(kinds), "--prefill, -i")  # fmt: skip
+    for task, prefill in plan:
         ds = loaded[task]
         rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
                                        cache_dir=cache_dir, probes=probes, progress=progress,

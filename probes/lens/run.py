@@ -32,6 +32,7 @@ from probes.common.extract import length_batches, max_batch_tokens, parse_site, 
 from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
 from probes.common.twins import padded
+from probes.common.work import check_data_work
 from probes.lens.plot import plot_lens
 from tasks import get_task, vocab
 from tasks.base import POOLED
@@ -231,6 +232,7 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
     mhash = model_hash(m)
     loaded = Translators.load(tuned_lens, m, mhash) if tuned_lens is not None else None
     datasets = {t: load_or_generate(t, (data_map or {}).get(t), m) for t in task_list}
+    check_data_work(m, datasets.values(), passes, 1 + (tuned and loaded is None), "--prefill")
     where = {t: answer_positions(ds, m, position) for t, ds in datasets.items()}
     fitting = tuned and loaded is None
     split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from fbt_probe.budget import check_work
 from fbt_probe.hf import require_tokenizer
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
@@ -90,11 +91,16 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
                              f"need {need} positions, more than the context of {spec} "
                              f"({m.cfg.n_ctx})")  # fmt: skip
     batches, rows, soft, lines = {}, [], [], []  # one held-out batch per tokenizer
-    for spec, m, name in loaded:
-        label, enc = label_of(spec, name), getattr(m, "encoding", None)
+    for _, m, _ in loaded:  # every model's batch and its work, before any work
+        enc = getattr(m, "encoding", None)
         key = None if enc is None else enc.fingerprint
         if key not in batches:
             batches[key] = heldout_batch(task_list, sequences_for(passes), encoding=enc)
+        tokens = int(batches[key].tokens.numel())  # every pass of the batch, in float64 too
+        check_work(m, tokens * passes * 2, "--prefill", f"{passes} passes over {tokens:,} tokens")
+    for spec, m, name in loaded:
+        label, enc = label_of(spec, name), getattr(m, "encoding", None)
+        key = None if enc is None else enc.fingerprint
         with bars(f"stability {label}", passes) if bars else nullcontext() as bar:
             traj = jacobi_trajectory(m, batches[key], passes, progress=bar,
                                      lipschitz_at=tuple(k for k in LIPSCHITZ_AT if k <= passes))  # fmt: skip

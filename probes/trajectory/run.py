@@ -32,6 +32,7 @@ from probes.common.data import load_or_generate, tasks_and_data
 from probes.common.extract import length_batches, max_batch_tokens
 from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
+from probes.common.work import check_data_work
 from probes.lens.run import answer_positions, prompts
 from probes.trajectory.plot import plot_trajectory
 from tasks import vocab
@@ -188,8 +189,10 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
     rows, pcas, var, lines = [], [], {}, []
-    for t in task_list:
-        ds = load_or_generate(t, (data_map or {}).get(t), m, twins=data is None)
+    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=data is None)
+                for t in task_list}  # fmt: skip
+    check_data_work(m, datasets.values(), passes, 1, "--prefill")
+    for t, ds in datasets.items():
         got = collect(m, ds, passes, batch_size, progress)
         rows += summarise(t, ds, got, seed)
         p, var[t] = pca_rows(t, ds, got["read"])
