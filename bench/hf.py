@@ -146,8 +146,10 @@ def main() -> None:
         res = smollm2(sys.argv[1])
         print(f"SmolLM2-135M ({sys.argv[1]}): wrapper vs bare forward, batch 4 x 128")
         print(table([res["forward"]], list(res["forward"])))
-        print("\ntraining steps of upcycle-smollm2 (median of 4, after one warm-up; the peak is "
-              "the process's so far)")
+        print(
+            "\ntraining steps of upcycle-smollm2 (median of 4, after one warm-up; the peak is "
+            "the process's so far)"
+        )
         print(table(res["train"], list(res["train"][0])))
         print(f"wrote {write_json('hf_smollm2', {'machine': machine(), **res})}")
         return
