@@ -255,6 +255,7 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "single-pass-window",
         "smeared-keys",
         "upcycle-smollm2",
+        "upcycle-smollm2-lora",
         *(f"design-{d}" for d in ("paper", "top-to-2", "2-to-1", "replace", "additive", "none")),
     }
     for n in recipe_names():
