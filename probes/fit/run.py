@@ -181,8 +181,7 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
         if folds > (n_groups := len(np.unique(ds.group))):
             raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
     passes = sum(prefill_passes(parse_prefill(p)) for p in prefills)
-    check_data_work(model, datasets.values(), passes, len(sites) * (1 + controls),
-                    "--prefill, --site" if len(sites) > 1 else "--prefill")  # fmt: skip
+    check_data_work(model, datasets.values(), passes, len(sites) * (1 + controls), "--prefill" + ", --site" * (len(sites) > 1))  # fmt: skip
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
     feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
     for site in sites:
