@@ -181,10 +181,10 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
     m.eval()
     if not m.n_heads:
         raise ValueError(f"{name}: its attention layout has no per-head hooks here")
-    rows, patterns, shown = induction_rows(m, passes, seed), [], {}
     datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=True)
                 for t in task_list}  # fmt: skip
     check_data_work(m, datasets.values(), passes, 1, "--prefill")  # one run of every example
+    rows, patterns, shown = induction_rows(m, passes, seed), [], {}
     for t, ds in datasets.items():
         pairs = pairs_of(ds)
         counts = ds.n_distractors[pairs.rows]
