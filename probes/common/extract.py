@@ -24,6 +24,7 @@ from fbt_probe.feedback import FeedbackModel
 from fbt_probe.positions import pos_dim
 from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import run_recurrence_with_cache
+from probes.common.cache import entry_inputs, entry_path, read_entry, rows_digest, write_entry
 from tasks import get_task, vocab
 from tasks.dataset import Dataset
 
@@ -213,8 +214,6 @@ def extract_cached(
 
     Returns ``(features, was_cached)``.
     """
-    from probes.common.cache import entry_inputs, entry_path, read_entry, rows_digest, write_entry
-
     prefill = parse_prefill(prefill)
     site_hooks(model, site)
     if cache_dir is None:

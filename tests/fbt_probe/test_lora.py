@@ -16,16 +16,16 @@ from cli import app
 from fbt_probe.hf import load_hf
 from fbt_probe.hf.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
+from tests.fbt_probe.test_upcycle import train as upcycle_train
 
 pytest.importorskip("peft")
-SHORT = ["--set", "steps=12", "--set", "data.batch_size=4", "--set", "run.eval_examples=4",
-         "--set", "run.checkpoint_every=6", "--set", "optim.learn=lora",
-         "--set", "optim.lora_rank=4", "--set", 'optim.lora_targets=["q_proj","v_proj","down_proj"]']  # fmt: skip
+LORA = ["--set", "optim.learn=lora", "--set", "optim.lora_rank=4",
+        "--set", 'optim.lora_targets=["q_proj","v_proj","down_proj"]']  # fmt: skip
 
 
 def train(base, out, *more):
-    return CliRunner().invoke(app, ["train", "--init-from", str(base), "--config", "upcycle-smollm2",
-                                    *SHORT, "--out", str(out), *more])  # fmt: skip
+    """upcycle-smollm2 made short (test_upcycle's run), with adapters."""
+    return upcycle_train(base, out, *LORA, *more)
 
 
 @pytest.fixture(scope="module")
