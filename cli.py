@@ -7,8 +7,10 @@ one line on stderr with a non-zero exit.
 
 from __future__ import annotations
 
+# all three are builtin or loaded at start: the handlers below are in place before any
+# module is read from disk
+import _signal
 import os
-import signal
 import sys
 
 
@@ -22,16 +24,18 @@ def _abort_now(signum, frame) -> None:
 # Run as the console script, a signal while the modules load ends it cleanly too (not with a
 # KeyboardInterrupt traceback); imported by a test or a notebook, nothing is installed here.
 if os.path.basename(sys.argv[0] or "") == "fbt-probe":
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _abort_now)
-    signal.signal(signal.SIGTERM, _abort_now)
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _abort_now)
+    _signal.signal(_signal.SIGTERM, _abort_now)
 
 import json  # noqa: E402
+import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
 from probes.common.verbs import (  # noqa: E402
+    SIGNALLED,
     Command,
     Verbs,
     bars,
@@ -215,6 +219,7 @@ def seeds_run(
 def seeds_merge(
     studies: list[Path] = typer.Argument(..., help="Study folders holding seed_rows.json."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the merged study."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier merge in OUT."),
 ) -> None:  # fmt: skip
     """Merge seed studies of one recipe run in parts (more seeds later, another machine)
     into one table and figure; a seed in two studies must have the same row in both.
@@ -222,7 +227,7 @@ def seeds_merge(
     Library: probes.seeds.study.merge_studies."""
     from probes.seeds.study import merge_studies
 
-    unchecked = merge_studies(studies, out)
+    unchecked = merge_studies(studies, out, force=force)
     if unchecked:
         typer.echo(f"recipe not checked (no run folder): {', '.join(unchecked)}")
     typer.echo((out / "seed_table.md").read_text(), nl=False)
@@ -301,6 +306,7 @@ def reproduce(
     train_first: bool = typer.Option(False, "--train", help="Retrain the default model first "
                                      "(about 11 minutes on 2 CPU cores; stopped with a "
                                      "checkpoint after 19.5 minutes on a slower machine)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier run's outputs in OUT."),
 ) -> None:  # fmt: skip
     """generate -> fit (all prefills, all tasks, controls) -> plot -> intervene (a default
     battery) -> report, on the default model.
@@ -308,7 +314,7 @@ def reproduce(
     Library: probes.report.reproduce.reproduce."""
     from probes.report.reproduce import reproduce as run
 
-    for line in run(out=out, train_first=train_first, argv=argv(), bars=eager):
+    for line in run(out=out, train_first=train_first, argv=argv(), bars=eager, force=force):
         typer.echo(line)
 
 
@@ -328,6 +334,7 @@ def view(
                                     "<probes>/lens/tuned_lens where it fits the model)."),
     out: Path = typer.Option(Path("results/view.html"), "--out", "-o", help="The page (.html)."),
     device: str = DEVICE,
+    force: bool = typer.Option(False, "--force", help="Replace a page already at OUT."),
 ) -> None:  # fmt: skip
     """One offline page of chosen examples: tokens, the saved probes' predictions at every
     depth and pass, the logit lens and its read of the fed-back state, attention by head.
@@ -336,7 +343,7 @@ def view(
     from probes.report.view import view as run
 
     verb("view", run, model=model, task=task, examples=examples, data=data, probes=probes,
-         prefill=prefill, tuned_lens=tuned_lens, out=out, device=device)  # fmt: skip
+         prefill=prefill, tuned_lens=tuned_lens, out=out, device=device, force=force)  # fmt: skip
 
 
 @app.command(cls=Command)
@@ -344,6 +351,7 @@ def view(
 def report(
     results: Path = typer.Option(Path("results"), "--results", "-r", help="A results folder: what "
                                  "any analysis ({analyses}) wrote there with --out."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier report.md and report.html."),
 ) -> None:  # fmt: skip
     """Write report.md and report.html (one offline page: sortable tables, figures embedded,
     heatmaps that show accuracy, interval and n on hover) from a results folder.
@@ -351,7 +359,7 @@ def report(
     Library: probes.report.markdown.write_report."""
     from probes.report.markdown import write_report
 
-    md = write_report(results)
+    md = write_report(results, force=force)
     typer.echo(f"wrote {md} and {md.with_suffix('.html')}")
 
 
@@ -383,7 +391,7 @@ def main() -> None:
     seen = {}
 
     def interrupted(signum, frame):
-        seen["code"] = 128 + signum
+        seen["code"] = SIGNALLED["code"] = 128 + signum
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal waits for the clean-up
             if signal.getsignal(sig) is interrupted:
                 signal.signal(sig, lambda s, f: None)

@@ -17,6 +17,12 @@ import time
 import torch
 
 LIMIT_SECONDS = 24 * 3600  # a day of this machine: an analysis past it is refused
+FULL_COST = 2.0  # the exact recurrence: one position at a time, about two passes' work
+
+
+def prefill_passes(pf) -> float:
+    """Passes of work a prefill (``fbt_probe.prefill.Prefill``) costs per token."""
+    return FULL_COST if pf.passes is None else float(pf.passes)
 
 
 @functools.cache

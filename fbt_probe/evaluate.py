@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fbt_probe.budget import check_work, prefill_passes
 from fbt_probe.decode import generate_ragged
 from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
@@ -107,6 +108,19 @@ def evaluate(
     return summary, per_reg
 
 
+def check_eval_work(model, tasks, modes, n_groups: int, seed: int) -> float:
+    """``eval``'s work priced before it starts (``fbt_probe.budget``): one group's prompt
+    tokens of each task, times ``n_groups``, times each mode's prefill passes (a generated
+    answer is a few tokens: left out)."""
+    enc = getattr(model, "encoding", None)
+    per_group = sum(len(p) for t in tasks
+                    for p in encode_for_eval(heldout_examples(t, 1, DEFAULT_DISTRACTORS, seed), enc)[0])  # fmt: skip
+    passes = sum(prefill_passes(decode_mode(m).prefill) for m in modes)
+    tokens = per_group * n_groups
+    return check_work(model, tokens * passes, "--n-groups, --modes",
+                      f"{passes:g} passes over {tokens:,} prompt tokens")  # fmt: skip
+
+
 def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",".join(MODES),
                    n_groups: int = 48, seed: int = EVAL_SEED, device: str = "cpu",
                    progress=None):  # fmt: skip
@@ -137,6 +151,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
         task_list = tuple(t for t in task_list if not why[t])
         if not task_list:
             raise ValueError("this model's tokenizer can score none of the tasks")
+    check_eval_work(m, task_list, mode_list, n_groups, seed)
     summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, seed=seed,
                                 progress=progress)  # fmt: skip
     return name, summary, per_reg, skipped

@@ -27,6 +27,7 @@ from pathlib import Path
 from probes.common.options import check_bounds
 from tasks import imports
 from tasks.registry import Registry
+from tasks.safe_files import transaction
 
 
 class Figure:
@@ -68,15 +69,18 @@ class Analysis:
     ``folder``: where it writes inside a results folder (reproduce, the report);
     ``figures``: redraws its figures from the tables it saved under a results folder and
     returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each
-    with what replaces it (``<N>``: the value given), refused in one line."""
+    with what replaces it (``<N>``: the value given), refused in one line; ``outputs``: the
+    names it writes in its ``--out`` folder (glob patterns, ``tasks.safe_files.transaction``):
+    an earlier run's are replaced only with ``--force``, and all of them at once."""
 
     __slots__ = ("name", "options", "run", "help", "example", "folder", "section", "figures",
-                 "reproduce", "moved")  # fmt: skip
+                 "reproduce", "moved", "outputs")  # fmt: skip
 
     def __init__(self, *, name: str, options: type | str, run: Callable | str, help: str,
                  example: str, folder: str, section: Callable | str | None = None,
                  figures: Callable | str | None = None,
-                 reproduce: dict | Callable | str | None = None, moved: dict | None = None):  # fmt: skip
+                 reproduce: dict | Callable | str | None = None, moved: dict | None = None,
+                 outputs: tuple[str, ...] = ()):  # fmt: skip
         # a plain class, not a dataclass: the CLI imports this module to list its verbs
         if not isinstance(options, str) and not hasattr(options, "__dataclass_fields__"):
             raise ValueError(f"analysis {name!r}: options must be a dataclass")
@@ -90,7 +94,7 @@ class Analysis:
             example,
         )
         self.folder, self.section, self.figures = folder, section, figures
-        self.reproduce, self.moved = reproduce, dict(moved or {})
+        self.reproduce, self.moved, self.outputs = reproduce, dict(moved or {}), tuple(outputs)
 
     def __repr__(self) -> str:
         return f"Analysis({self.name!r}, folder={self.folder!r})"
@@ -107,16 +111,27 @@ class Analysis:
                   "folder": name}  # fmt: skip
         return cls(name=name, **{**layout, **fields})
 
-    def __call__(self, model=None, options=None, *, progress=None, **changes) -> Result:
+    def __call__(self, model=None, options=None, *, progress=None, force=None,
+                 **changes) -> Result:  # fmt: skip
         """Run it as the library: ``options`` (default: the dataclass's defaults) with
-        ``changes`` applied, on ``model`` when given (a loaded model or a name)."""
+        ``changes`` applied, on ``model`` when given (a loaded model or a name); ``force``
+        (default: the options' own ``force``) replaces an earlier run's outputs."""
         opts = options if options is not None else self.options_class()
         if model is not None:
             changes["model"] = model
         if changes:
             opts = replace(opts, **changes)
         check_bounds(opts)
-        return resolve(self.run)(opts, progress)
+        run = resolve(self.run)
+        if not hasattr(opts, "out"):
+            return run(opts, progress)
+        # every output is written into a staging folder and moved into --out at the end
+        out = Path(opts.out)
+        force = bool(getattr(opts, "force", False) if force is None else force)
+        with transaction(out, self.outputs, force=force) as stage:
+            result = run(replace(opts, out=stage), progress)
+        result.lines = [line.replace(str(stage), str(out)) for line in result.lines]
+        return result
 
     def redraw(self, results: Path) -> int:
         """Its figures, redrawn from its tables under ``results`` (0 where it has none)."""

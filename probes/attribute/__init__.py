@@ -12,4 +12,5 @@ ATTRIBUTE = register_analysis(Analysis.of_folder(
     "and an exact patch of a sample of sites that says how far to trust it.",
     example="fbt-probe attribute --task delayed_memory --prefill recurrent --check 40",
     reproduce={"task": "delayed_memory", "groups": 16},
+    outputs=("attribution.csv", "attribution.json", "edges.csv", "figures/attribution_*"),
 ))  # fmt: skip

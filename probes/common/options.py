@@ -83,6 +83,8 @@ class Common:
     """Output folder."""
     device: str = option("cpu", "--device")
     """Where to run: cpu, cuda, cuda:N, or auto."""
+    force: bool = option(False, "--force")
+    """Replace an earlier run's outputs in --out (all of them, stale ones included)."""
 
 
 def check_bounds(options) -> None:
@@ -102,6 +104,7 @@ def check_bounds(options) -> None:
 
 def as_kwargs(options, *drop: str, **rename: str) -> dict:
     """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``
-    mapping a field to the function's own name for it."""
+    mapping a field to the function's own name for it. ``force`` is never passed: the
+    analysis's transaction (``probes.analysis``) takes it, not the function."""
     return {rename.get(f.name, f.name): getattr(options, f.name) for f in fields(options)
-            if f.name not in drop}  # fmt: skip
+            if f.name not in (*drop, "force")}  # fmt: skip

@@ -59,6 +59,11 @@ USER_ERRORS = (ValueError, OSError, KeyError)
 
 DEBUG_ENV = "FBT_DEBUG"  # set to 1 to see the traceback of an unexpected error
 
+# the signal the console script received (``cli.main`` sets it): an error raised after it is
+# its consequence (a library's C code can turn the KeyboardInterrupt into another error), and
+# the command ends as aborted, not with that error
+SIGNALLED: dict = {}
+
 
 def fail(msg: str, code: int = 1) -> None:
     typer.echo(f"error: {msg}", err=True)
@@ -67,7 +72,8 @@ def fail(msg: str, code: int = 1) -> None:
 
 def user_errors(fn):
     """The CLI's one error boundary: expected errors become one line on stderr and exit 1;
-    so does anything unexpected (its type named), with the traceback only under FBT_DEBUG=1."""
+    so does anything unexpected (its type named), with the traceback only under FBT_DEBUG=1.
+    After a signal, any error is the signal's: the command ends as aborted."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -76,11 +82,15 @@ def user_errors(fn):
         except (typer.Exit, typer.Abort, click_exceptions.ClickException):
             raise
         except USER_ERRORS as e:
+            if SIGNALLED:
+                raise KeyboardInterrupt from None
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             if isinstance(e, OSError) and e.strerror and e.filename:
                 msg = f"{e.strerror}: {e.filename}"
             fail(str(msg).splitlines()[0] if str(msg) else type(e).__name__)
         except Exception as e:
+            if SIGNALLED:
+                raise KeyboardInterrupt from None
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
             first = str(e).splitlines()[0] if str(e) else ""

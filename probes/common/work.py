@@ -6,15 +6,9 @@ the budget's limit it is refused in one line naming the options that ask for it.
 
 from __future__ import annotations
 
-from fbt_probe.budget import check_work
-from fbt_probe.prefill import Prefill
+from fbt_probe.budget import check_work, prefill_passes
 
-FULL_COST = 2.0  # the exact recurrence: one position at a time, about two passes' work
-
-
-def prefill_passes(pf: Prefill) -> float:
-    """Passes of work a prefill costs per token."""
-    return FULL_COST if pf.passes is None else float(pf.passes)
+__all__ = ["check_data_work", "prefill_passes", "prompt_tokens"]
 
 
 def prompt_tokens(datasets) -> int:

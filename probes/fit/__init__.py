@@ -13,4 +13,5 @@ FIT = register_analysis(Analysis.of_folder(
     folder="",
     moved={"--passes": "--prefill all,k<N> (the prefills and k<N>)"},
     reproduce="probes.fit.run:reproduce",
+    outputs=("probe_results.csv", "probe_results.json", "probes", "figures/heatmap_*", "figures/lines_*"),
 ))  # fmt: skip

@@ -360,10 +360,10 @@ def run(options, progress=None) -> Result:
         format_layer0(layer0_table(df, d))])  # fmt: skip
 
 
-def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
-    """``fbt-probe reproduce``'s fit: every task, prefill and control into ``results``, its
-    figures, and the table at the feedback's entry depth."""
+def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list[str]:
+    """``fbt-probe reproduce``'s fit: every task, prefill and control into ``out`` (what
+    becomes ``results``), its figures, and the table at the feedback's entry depth."""
 
-    df = run_fit(model, name, out_dir=results, progress=progress)
-    plot_all(results)
+    df = run_fit(model, name, out_dir=out, progress=progress)
+    plot_all(out)
     return format_layer0(layer0_table(df, model.entry_depth)).splitlines()

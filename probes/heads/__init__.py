@@ -12,4 +12,5 @@ HEADS = register_analysis(Analysis.of_folder(
     example="fbt-probe heads --task delayed_memory --prefill recurrent",
     moved=PASSES_MOVED,
     reproduce={"task": "delayed_memory"},
+    outputs=("heads.csv", "heads_pattern.csv", "heads.json", "figures/heads_*"),
 ))  # fmt: skip

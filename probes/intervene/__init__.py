@@ -12,4 +12,6 @@ INTERVENE = register_analysis(Analysis.of_folder(
     example="fbt-probe intervene --task done_tracking --prefill full --intervention interchange_state",
     folder="interventions",
     reproduce="probes.intervene.run:reproduce",
+    outputs=("interventions.csv", "interventions.json", "figures/interchange_*", "figures/depth_*",
+             "figures/steering_*"),
 ))  # fmt: skip

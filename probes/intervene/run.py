@@ -382,11 +382,12 @@ def run(options, progress=None) -> Result:
     return Result({"interventions": df}, lines + headlines(df, plan, out))
 
 
-def reproduce(model, name: str, results: Path, progress=None) -> list[str]:
+def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list[str]:
     """``fbt-probe reproduce``'s battery (``BATTERY``, not a product of tasks and prefills)
-    with the steering directions of the probes fitted into ``results``."""
+    into ``out`` (what becomes ``results/interventions``), with the steering directions of
+    the probes fitted into ``results``."""
 
-    out = Path(results) / "interventions"
+    out = Path(out)
     iv = run_intervene(model, name, list(BATTERY), out, probes_dir=results, progress=progress)
     plot_interventions(iv, out / "figures")
     return [f"  {headline(iv, t, p)}" for t, p in BATTERY]

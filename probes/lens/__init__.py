@@ -11,4 +11,5 @@ LENS = register_analysis(Analysis.of_folder(
     example="fbt-probe lens --task delayed_memory --prefill k3",
     moved=PASSES_MOVED,
     reproduce={"task": "delayed_memory"},
+    outputs=("lens.csv", "lens.json", "tuned_lens", "figures/lens_*"),
 ))  # fmt: skip

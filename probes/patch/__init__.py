@@ -10,4 +10,5 @@ PATCH = register_analysis(Analysis.of_folder(
     "fed-back state into block 0's q/k/v, one at a time: normalised logit difference with intervals.",
     example="fbt-probe patch --task delayed_memory --prefill recurrent --kinds resid,head",
     reproduce={"task": "delayed_memory", "groups": 16},
+    outputs=("patch.csv", "patch.json", "figures/patch_*"),
 ))  # fmt: skip

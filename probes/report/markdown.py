@@ -8,7 +8,9 @@ from pathlib import Path
 from probes.analysis import ANALYSES, Figure
 from probes.fit.plot import plot_all
 from probes.report.page import write_report_html
-from tasks.safe_files import atomic_write, check_output_dir
+from tasks.safe_files import atomic_write, check_output_dir, transaction
+
+OUTPUTS = ("report.md", "report.html")
 
 TITLE = "# fbt-probe report: is task state decodable from the latent feedback, and is it used?"
 
@@ -46,10 +48,11 @@ def redraw(results: str | Path, fit_out: str | Path | None = None) -> list[str]:
         f"into the figure folders under {res}"]  # fmt: skip
 
 
-def write_report(results: str | Path) -> Path:
+def write_report(results: str | Path, force: bool = False) -> Path:
     """Write ``report.md`` into ``results`` and ``report.html`` beside it (the same report as
-    one offline page, its heatmaps interactive). Refused where ``results`` holds the output
-    of no registered analysis."""
+    one offline page, its heatmaps interactive), both or neither; an earlier report is
+    replaced only with ``force``. Refused where ``results`` holds the output of no
+    registered analysis."""
     res = Path(results)
     found = sections(res)
     if not found:
@@ -59,7 +62,7 @@ def write_report(results: str | Path) -> Path:
         )
     parts = [p for s in found for p in s]
     text = markdown(parts, res)
-    out = res / "report.md"
-    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
-    write_report_html(res, text, [p for p in parts if isinstance(p, Figure)])
-    return out
+    with transaction(res, OUTPUTS, force=force, flag="--results") as stage:
+        atomic_write(stage / "report.md", lambda tmp: Path(tmp).write_text(text))
+        write_report_html(res, text, [p for p in parts if isinstance(p, Figure)], to=stage)
+    return res / "report.md"

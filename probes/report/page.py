@@ -14,10 +14,12 @@ from probes.analysis import Figure
 from probes.report.html import esc, image_uri, markdown_html, page, write_page
 
 
-def write_report_html(res: Path, markdown: str, figures: list[Figure]) -> Path:
-    """``report.html`` beside ``report.md``, from the report's markdown and the sections'
-    figures: a figure with interactive tables shows them (and its PNG where it has other
-    panels), any other is embedded."""
+def write_report_html(
+    res: Path, markdown: str, figures: list[Figure], to: Path | None = None
+) -> Path:
+    """``report.html`` beside ``report.md`` (in ``to``, default ``res``), from the report's
+    markdown and the sections' figures: a figure with interactive tables shows them (and its
+    PNG where it has other panels), any other is embedded."""
     by_path = {f.path.resolve(): f for f in figures}
 
     def image(alt: str, path: str) -> str:
@@ -39,4 +41,4 @@ def write_report_html(res: Path, markdown: str, figures: list[Figure]) -> Path:
     note = ("<p><em>Hover a heatmap's cell for its value, interval and n; click a table's "
             "header to sort by it.</em></p>")  # fmt: skip
     body = body.replace("</h1>", "</h1>" + note, 1)
-    return write_page(res / "report.html", page("fbt-probe report", body))
+    return write_page(Path(to or res) / "report.html", page("fbt-probe report", body))

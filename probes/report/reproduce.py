@@ -14,9 +14,10 @@ from fbt_probe.loading import install_default, resolve_model
 from fbt_probe.train.loop import train
 from fbt_probe.train.recipes import named_config
 from probes.analysis import ANALYSES, resolve
+from probes.report.markdown import OUTPUTS as REPORTS
 from probes.report.markdown import write_report
 from probes.report.view import view
-from tasks.safe_files import check_output_dir
+from tasks.safe_files import check_output_dir, existing_outputs, transaction
 
 # reproduce --train keeps the whole job near 20 minutes, about twice what the default's
 # 2 300 steps take on 2 CPU cores (docs/training.md): a machine half as fast still finishes
@@ -39,23 +40,40 @@ def retrain_default(argv=None, bars=None) -> None:
     install_default(run_dir)
 
 
-def step(analysis, model, name: str, out: Path, progress=None) -> list[str]:
+def earlier_outputs(out: Path) -> list[Path]:
+    """What an earlier reproduce (or a verb it runs) left in ``out`` that this one writes."""
+    found = existing_outputs(out, (*REPORTS, "view.html"))
+    for analysis in ANALYSES.values():
+        if analysis.reproduce is not None:
+            found += existing_outputs(out / analysis.folder, analysis.outputs)
+    return found
+
+
+def step(analysis, model, name: str, out: Path, progress=None, force: bool = False) -> list[str]:
     """``analysis`` run as reproduce runs it, into ``out/<its folder>``: its ``reproduce``
-    options on the loaded ``model``, or its own reproduce function; returns its findings."""
+    options on the loaded ``model``, or its own reproduce function ``(model, name, results,
+    into, progress)`` writing into ``into``, a staging folder (``transaction``); returns its
+    findings."""
     if not isinstance(analysis.reproduce, dict):
-        return resolve(analysis.reproduce)(model, name, out, progress)
+        with transaction(out / analysis.folder, analysis.outputs, force=force) as stage:
+            return resolve(analysis.reproduce)(model, name, out, stage, progress)
     options = replace(analysis.options_class(), out=out / analysis.folder, **analysis.reproduce)
-    lines = analysis(model=model, options=options, progress=progress).lines
+    lines = analysis(model=model, options=options, progress=progress, force=force).lines
     return [f"  {line}" for line in lines if not line.startswith("wrote ")]
 
 
 def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=None,
-              bars=None) -> list[str]:  # fmt: skip
+              bars=None, force: bool = False) -> list[str]:  # fmt: skip
     """Run the job into ``out``: every registered analysis that has reproduce options, in
     the order they were registered, then report.md, report.html and view.html;
-    ``bars(label, total)`` makes progress bars. Returns the lines to report."""
+    ``bars(label, total)`` makes progress bars; an earlier run's outputs in ``out`` are
+    replaced only with ``force``. Returns the lines to report."""
     out = Path(out)
     check_output_dir(out)
+    found = [] if force else earlier_outputs(out)
+    if found:  # refused before any work, not at the step that would write over it
+        raise FileExistsError(f"{found[0]} exists from an earlier run: pass --force to replace "
+                              "the earlier run's outputs, or choose another --out")  # fmt: skip
     t0 = time.monotonic()
     if train_first:
         retrain_default(argv, bars)
@@ -65,13 +83,13 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
         if analysis.reproduce is None:
             continue
         with bars(analysis.name, 1) if bars else nullcontext() as bar:
-            found = step(analysis, model, name, out, bar)
+            found = step(analysis, model, name, out, bar, force)
         if found:
             lines += [f"{analysis.name}:", *found, ""]
-    report = write_report(out)
+    report = write_report(out, force=force)
     pages = [report, report.with_suffix(".html")]
     if (out / "probes").is_dir():  # two examples, with the fit's probes and the tuned lens
-        pages.append(view(probes=out, out=out / "view.html")[0])
+        pages.append(view(probes=out, out=out / "view.html", force=force)[0])
     lines.append(f"wrote {', '.join(map(str, pages))} from the results in {out} "
                  f"({time.monotonic() - t0:.0f} s)")  # fmt: skip
     return lines

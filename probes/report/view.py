@@ -35,7 +35,7 @@ from probes.fit.artifacts import load_probes
 from probes.report.html import esc, page, write_page
 from tasks import vocab
 from tasks.lists import NamedTwice, comma_numbers
-from tasks.safe_files import check_output_file
+from tasks.safe_files import check_output_file, claims
 
 MAX_PASSES = 8
 MAX_EXAMPLES = 8
@@ -216,11 +216,13 @@ def example_data(model, ds, row: int, passes: int, probes: list, words, tuned=No
     }  # fmt: skip
 
 
+@claims("out")
 def view(*, model: str = "default", task: str = "delayed_memory", examples: str = "",
          data: str | Path | None = None, probes: str | Path = "results", prefill: str = "k3",
-         tuned_lens: str | Path | None = None,
-         out: str | Path = "results/view.html", device: str = "cpu", progress=None) -> tuple[Path, list[str]]:  # fmt: skip
-    """``fbt-probe view`` (see the module docstring); every argument is checked first."""
+         tuned_lens: str | Path | None = None, out: str | Path = "results/view.html",
+         device: str = "cpu", force: bool = False, progress=None) -> tuple[Path, list[str]]:  # fmt: skip
+    """``fbt-probe view`` (see the module docstring); every argument is checked first, and
+    a page already at ``out`` is replaced only with ``force``."""
 
     t0, out = time.monotonic(), Path(out)
     one_task(task)
@@ -228,7 +230,7 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
     parse_examples(examples)
     if out.suffix != ".html":
         raise ValueError(f"--out: the page is one .html file, got {out}")
-    check_output_file(out, force=True)
+    check_output_file(out, force=force)
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
     ds = load_or_generate(task, data, m)

@@ -33,7 +33,10 @@ from tasks.base import POOLED
 from tasks.dataset import int_range
 from tasks.generate import generate_dataset
 from tasks.lists import NamedTwice, comma_numbers
-from tasks.safe_files import atomic_write, claim
+from tasks.safe_files import atomic_write, claim, transaction
+
+# what write_study writes
+STUDY_FILES = ("seed_table.*", "seed_rows.json", "seeds.*")
 
 # what a recipe must reach on a seed (issue: a recipe that holds across seeds)
 TARGETS = {
@@ -297,11 +300,12 @@ def recipe_of(study: Path, seed: int):
     return recipe_key(saved_train_config(run))
 
 
-def merge_studies(studies: list[Path], out: Path) -> list[str]:
+def merge_studies(studies: list[Path], out: Path, force: bool = False) -> list[str]:
     """Merge seed studies of one recipe run in parts (other seeds later, another machine) into
-    one study in ``out`` (``write_study``): a seed in two studies must have the same row in
-    both, and where a study keeps its run folders their recipes must agree but for the seed
-    and the name. Returns the ``study/seed`` entries whose recipe could not be checked."""
+    one study in ``out`` (``write_study``, all its files or none; an earlier merge's are
+    replaced only with ``force``): a seed in two studies must have the same row in both, and
+    where a study keeps its run folders their recipes must agree but for the seed and the
+    name. Returns the ``study/seed`` entries whose recipe could not be checked."""
     rows: dict[int, dict] = {}
     where: dict[int, Path] = {}
     recipe, recipe_from, unchecked = None, None, []
@@ -321,7 +325,8 @@ def merge_studies(studies: list[Path], out: Path) -> list[str]:
                 )
     if not rows:
         raise ValueError("the studies hold no seed")
-    write_study(rows, Path(out))
+    with transaction(Path(out), STUDY_FILES, force=force) as stage:
+        write_study(rows, stage)
     return unchecked
 
 

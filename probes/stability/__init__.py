@@ -10,4 +10,5 @@ STABILITY = register_analysis(Analysis.of_folder(
     example="fbt-probe stability --prefill k30 --task done_tracking",
     moved=PASSES_MOVED,
     reproduce={"prefill": "k12", "decode_tokens": 200},
+    outputs=("stability.*", "soft_decoding.*"),
 ))  # fmt: skip

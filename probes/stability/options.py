@@ -20,3 +20,5 @@ class StabilityOptions:
     """Output folder."""
     decode_tokens: int = option(1000, "--decode-tokens")
     """Tokens of long SOFT decoding (0 = skip)."""
+    force: bool = option(False, "--force")
+    """Replace an earlier run's outputs in --out (all of them, stale ones included)."""

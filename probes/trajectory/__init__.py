@@ -11,4 +11,5 @@ TRAJECTORY = register_analysis(Analysis.of_folder(
     example="fbt-probe trajectory --task delayed_memory --prefill k8",
     moved=PASSES_MOVED,
     reproduce={"task": "delayed_memory"},
+    outputs=("trajectory.csv", "trajectory_pca.csv", "trajectory.json", "figures/trajectory_*"),
 ))  # fmt: skip

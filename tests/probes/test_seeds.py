@@ -92,12 +92,12 @@ def test_targets_read_from_a_row():
 
 
 # ---- fbt-probe seeds merge -----------------------------------------------------------------
-def merge(*studies, out):
+def merge(*studies, out, force=False):
     from typer.testing import CliRunner
 
     from cli import app
 
-    args = ["seeds", "merge", *map(str, studies), "--out", str(out)]
+    args = ["seeds", "merge", *map(str, studies), "--out", str(out), *["--force"] * force]
     return CliRunner().invoke(app, args)
 
 
@@ -173,3 +173,36 @@ def test_merge_refuses_a_seed_written_twice_or_not_as_a_seed(tmp_path, text, mes
     r = merge(tmp_path / "a", out=tmp_path / "m")
     assert r.exit_code == 1 and message in r.output and "seed_rows.json" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
+
+
+def test_a_merge_is_one_transaction_replaced_only_with_force(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from tests.test_hardening import snapshot
+
+    _, (a, b) = _split_study(tmp_path, [lambda ss: ["0"], lambda ss: ["2"]])
+    out = tmp_path / "m"
+    assert merge(a, out=out).exit_code == 0
+    (out / "seeds.stale.png").write_text("an earlier merge's figure")
+    before = snapshot(tmp_path)
+    r = merge(a, b, out=out)  # an earlier merge is there: refused, nothing changed
+    assert r.exit_code == 1 and "exists from an earlier run" in r.output and "--force" in r.output
+    assert snapshot(tmp_path) == before
+    real = os.replace
+
+    def full(src, dst, *args, **kw):  # the figure cannot be written
+        if str(dst).endswith(".png"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst, *args, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full)
+        r = merge(a, b, out=out, force=True)
+    assert r.exit_code == 1 and "No space left on device" in r.output
+    assert snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    r = merge(a, b, out=out, force=True)
+    assert r.exit_code == 0, r.output
+    assert set(json.loads((out / "seed_rows.json").read_text())) == {"0", "2"}
+    assert not (out / "seeds.stale.png").exists()
