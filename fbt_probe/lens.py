@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from fbt_probe.feedback import FeedbackModel
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, read_json, read_tensors
 
 RIDGE = 1e-3  # relative to the mean diagonal of X^T X: keeps a near-singular depth solvable
 TRANSLATORS, INDEX = "translators.safetensors", "tuned_lens.json"
@@ -66,17 +66,12 @@ class Translators:
 
         folder = Path(folder)
         index, weights = folder / INDEX, folder / TRANSLATORS
-        if not index.is_file() or not weights.is_file():
+        if not index.exists() and not weights.exists():
             raise FileNotFoundError(
                 f"no tuned lens in {folder} (it needs {INDEX} and {TRANSLATORS})"
             )
-        try:
-            meta = json.loads(index.read_text())
-            t = load_file(str(weights))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(
-                f"{folder} holds an unreadable tuned lens ({type(e).__name__})"
-            ) from None
+        meta = read_json(index, "tuned lens's index")
+        t = read_tensors(weights, "tuned lens's weights")
         if meta.get("format") != FORMAT or "A" not in t or "b" not in t:
             raise ValueError(f"{folder} is not a tuned lens written by fbt-probe lens")
         if meta.get("model_hash") != mhash:

@@ -45,13 +45,16 @@ def _load(spec, device) -> tuple[FeedbackModel, str]:
             )
         return load_model(DEFAULT_MODEL_DIR, device), "default"
 
-    path = model_folder(spec)
-    if not path.exists() and str(spec) in SHIPPED:
-        path = DEFAULTS / str(spec)
-
-    if is_hf_folder(path):
+    try:
+        path = model_folder(spec)
+        if not path.exists() and str(spec) in SHIPPED:
+            path = DEFAULTS / str(spec)
+        found = path.exists()
+    except OSError:  # a name no folder can have (too long, say)
+        found = False
+    if found and is_hf_folder(path):
         return load_hf(path, device), str(path)
-    if not path.exists():
+    if not found:
         raise FileNotFoundError(
             f"model folder not found: {spec} (a Hugging Face model must be a local folder "
             "saved with save_pretrained; nothing is downloaded, see docs/hf.md)"

@@ -135,11 +135,24 @@ class Analysis:
 
     def redraw(self, results: Path) -> int:
         """Its figures, redrawn from its tables under ``results`` (0 where it has none)."""
-        return int(resolve(self.figures)(Path(results))) if self.figures else 0
+        return int(self._read_back(self.figures, results)) if self.figures else 0
 
     def report(self, results: Path) -> list:
         """Its report section from ``results`` (empty where it has not run there)."""
-        return list(resolve(self.section)(Path(results))) if self.section else []
+        return list(self._read_back(self.section, results)) if self.section else []
+
+    def _read_back(self, fn, results: Path):
+        """``fn(results)``, where a file it reads back that is damaged or edited is refused in
+        one line naming the analysis's folder (or, from the readers, the file)."""
+        where = Path(results) / self.folder
+        try:
+            return resolve(fn)(Path(results))
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if isinstance(e, OSError | ValueError) and str(where) in first:
+                raise  # it names the file already
+            raise ValueError(f"{where}: {self.name}'s results cannot be read back ({first}); "
+                             f"run 'fbt-probe {self.name} --out {where} --force' again") from None  # fmt: skip
 
     @property
     def options_class(self) -> type:

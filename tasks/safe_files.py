@@ -148,6 +148,47 @@ def atomic_folder(out: Path, write) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
+def read_json(path: Path, what: str, fields: tuple[str, ...] = ()) -> dict:
+    """The JSON object in ``path`` that holds ``fields``, or a one-line ValueError naming
+    ``path``, what it should be (``what``) and what is wrong: every file fbt-probe reads back
+    (its own earlier outputs, a user's edit of them) goes through here."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file ({what} expected there)")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a {what} (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a {what} (bad JSON: {e.msg}, line {e.lineno})") from None
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror or e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a {what} (a JSON {type(value).__name__}, not an object)")
+    missing = [f for f in fields if f not in value]
+    if missing:
+        raise ValueError(f"{path} is not a {what} (no {missing[0]!r})")
+    return value
+
+
+def read_tensors(path: Path, what: str, numpy: bool = False) -> dict:
+    """The tensors (``numpy``: arrays) of the safetensors file ``path``, or a one-line
+    ValueError naming it."""
+    if numpy:
+        from safetensors.numpy import load_file
+    else:
+        from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file ({what} expected there)")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a {what} ({first})") from None
+
+
 def read_record(path: Path, fmt: str, what: str) -> dict:
     """A JSON object whose ``format`` is ``fmt`` (a file fbt-probe wrote), or a one-line
     ValueError naming ``path`` and what it should have been (``what``)."""

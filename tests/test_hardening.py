@@ -1169,3 +1169,8 @@ def test_eval_prices_its_work_before_it_starts(monkeypatch, model_dir):
     monkeypatch.setattr(budget, "LIMIT_SECONDS", 1e-3)
     r = CliRunner().invoke(app, [*EVAL, str(model_dir)])
     one_line_error(r, "--n-groups, --modes", "would take about", "ask for less")
+
+
+def test_a_model_name_no_folder_can_have_is_not_found():
+    r = CliRunner().invoke(app, [*EVAL, "x" * 300])
+    one_line_error(r, "model folder not found: xxx")

@@ -5,7 +5,6 @@ the strongest edges with the feedback edges marked; and the summary lines."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from probes.attribute.check import LOW_RANK, LOW_RECALL
 from probes.common.figures import PALETTE, save_figure, subplots
 from probes.common.tables import read_long_table
 from probes.patch.plot import DIVERGING, _depth
+from tasks.safe_files import read_json
 
 N_EDGES = 24  # the graph draws the strongest this many
 
@@ -185,9 +185,11 @@ def findings(df: pd.DataFrame, edf, meta: dict) -> list[str]:
 def figures(results: Path) -> int:
     """The attribution figures, redrawn from ``results/attribute``'s tables and JSON."""
     folder = Path(results) / "attribute"
-    if not (folder / "attribution.csv").is_file():
+    if not (folder / "attribution.csv").exists():
         return 0
-    meta = json.loads((folder / "attribution.json").read_text())
+    meta = read_json(
+        folder / "attribution.json", "record of an attribution", ("prefill", "n_pairs")
+    )
     df = read_long_table(folder / "attribution.csv")
     edges = folder / "edges.csv"
     edf = read_long_table(edges) if edges.is_file() else None

@@ -3,23 +3,25 @@ exact patches and its figures."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from probes.analysis import Figure
 from probes.attribute.plot import findings
 from probes.common.tables import read_long_table
+from tasks.safe_files import read_json
 
 
 def section(results: Path) -> list:
     """The attribution's part of the report, from ``results/attribute``."""
     folder = results / "attribute"
-    if not (folder / "attribution.csv").is_file():
+    if not (folder / "attribution.csv").exists():
         return []
     df = read_long_table(folder / "attribution.csv")
     edges = folder / "edges.csv"
     edf = read_long_table(edges) if edges.is_file() else None
-    meta = json.loads((folder / "attribution.json").read_text())
+    meta = read_json(
+        folder / "attribution.json", "record of an attribution", ("prefill", "n_pairs")
+    )
     parts = ["## Attribution through the feedback loop (`fbt-probe attribute`)", "",
              f"Every site of every pass ({meta['prefill']} prefill, {meta['n_pairs']} pairs) "
              "scored from one clean run with its backward pass and one twin run: the normalised "

@@ -39,7 +39,36 @@ def findings(title: str, df: pd.DataFrame, headline, tasks=None) -> list[str]:
     return [f"## {title}", "", *(f"- {headline(df, t)}" for t in tasks), ""]
 
 
-def read_long_table(path: Path, **read_csv) -> pd.DataFrame:
-    """A long result table (``metric``, ``value``, ``ci_low``, ``ci_high``, ``n``), its
-    columns renamed from their earlier names where it was written before the rename."""
-    return pd.read_csv(path, **read_csv).rename(columns=OLD_COLUMNS)
+NUMBERS = ("value", "ci_low", "ci_high", "n")
+
+
+def read_table(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...] = (),
+               **read_csv) -> pd.DataFrame:  # fmt: skip
+    """A results table an analysis wrote, read back (a report, a redraw): refused in one line
+    naming ``path`` where it is not CSV, lacks a ``required`` column or has empty cells in
+    one (cut short, or edited), or holds other than numbers in a ``numeric`` column."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path, **read_csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
+            OSError) as e:  # fmt: skip
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a results table ({first})") from None
+    df = df.rename(columns=OLD_COLUMNS)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} is not a results table of this kind (no column {missing[0]!r})")
+    for c in required:
+        if df[c].isna().any():
+            raise ValueError(f"{path}: column {c!r} has empty cells (cut short, or edited)")
+    for c in numeric:
+        if c in df.columns and not pd.api.types.is_numeric_dtype(df[c]):
+            raise ValueError(f"{path}: column {c!r} holds values that are not numbers")
+    return df
+
+
+def read_long_table(path: Path, required: tuple[str, ...] = ("task",), **read_csv) -> pd.DataFrame:
+    """A long result table (``metric``, ``value``, ``ci_low``, ``ci_high``, ``n``), checked
+    (``read_table``), its columns renamed from their earlier names where it was written
+    before the rename."""
+    return read_table(path, (*required, "value"), NUMBERS, **read_csv)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 from sklearn.exceptions import ConvergenceWarning
 
 from probes.fit.probe import probe_class
-from tasks.safe_files import atomic_write
+from tasks.safe_files import atomic_write, read_json, read_tensors
 
 WEIGHTS, INDEX = "probes.safetensors", "probes.json"
 
@@ -88,19 +88,14 @@ def load_probes(folder) -> list[SavedProbe]:
     checked as it loads: a malformed ``probes.json`` entry, arrays that are missing, not
     finite or of another shape than its probe needs are refused in one line naming the file."""
     folder = Path(folder)
-    if (folder / "probes" / INDEX).is_file():
+    if (folder / "probes").is_dir():
         folder = folder / "probes"
-    if not (folder / INDEX).is_file() or not (folder / WEIGHTS).is_file():
+    if not (folder / INDEX).exists() and not (folder / WEIGHTS).exists():
         raise FileNotFoundError(f"no saved probes in {folder} (fbt-probe fit writes them)")
     index = folder / INDEX
-    try:
-        doc = json.loads(index.read_text())
-        arrays = load_file(str(folder / WEIGHTS))
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, ValueError) as e:
-        raise ValueError(
-            f"{folder}: saved probes cannot be read ({str(e).splitlines()[0]})"
-        ) from None
-    entries = doc.get("probes") if isinstance(doc, dict) else None
+    doc = read_json(index, "fbt-probe fit's index of saved probes")
+    arrays = read_tensors(folder / WEIGHTS, "file of saved probes' weights", numpy=True)
+    entries = doc.get("probes")
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{index} holds no list of probes")
     return [_saved(i, meta, arrays, folder) for i, meta in enumerate(entries)]

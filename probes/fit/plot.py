@@ -157,6 +157,6 @@ def plot_all(
 
 def figures(results: Path) -> int:
     """The fit's figures, redrawn from ``results/probe_results.csv``; the number of panels."""
-    if not (Path(results) / "probe_results.csv").is_file():
+    if not (Path(results) / "probe_results.csv").exists():
         return 0
     return sum(len(v) for v in plot_all(results).values())

@@ -4,7 +4,6 @@ selection as its PNG."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,7 @@ from probes.fit.results import (
 from probes.report.html import heatmap
 from tasks import stratum, task_names
 from tasks.base import POOLED
+from tasks.safe_files import read_json
 
 
 def paper_table(df: pd.DataFrame, depth: int = 0) -> str:
@@ -170,11 +170,11 @@ HEATMAPS = {"heatmap_{task}_prefill_by_depth": prefill_by_depth,
 def section(results: Path) -> list:
     """The fit's part of the report: the paper's table at the feedback's entry depth, the
     multi-target tables and the figures in ``results/figures``."""
-    if not (results / "probe_results.csv").is_file():
+    if not (results / "probe_results.csv").exists():
         return []
     df = primary(load_results(results))
     meta_path = results / "probe_results.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = read_json(meta_path, "fit's record") if meta_path.exists() else {}
     parts = report_header(meta, df)
     for task in dict.fromkeys(df.task):
         mt = multi_target_table(df, task)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from tasks.base import POOLED
+from tasks.safe_files import read_json
 
 # The paper's layer-0 figures at the colon; absent where it gives no number.
 PAPER_LAYER0 = {
@@ -91,8 +91,13 @@ def entry_depth(results: str | Path) -> int:
     """The depth where a fit's model takes its feedback (``probe_results.json``; 0 for a fit
     written before designs had an entry of their own)."""
 
-    meta = json.loads((Path(results) / "probe_results.json").read_text())
-    return int(meta.get("entry_depth", 0)) if isinstance(meta, dict) else 0
+    meta = read_json(Path(results) / "probe_results.json", "fit's record")
+    depth = meta.get("entry_depth", 0)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(
+            f"{Path(results) / 'probe_results.json'}: entry_depth {depth!r} is not a depth"
+        )
+    return depth
 
 
 def format_layer0(table: pd.DataFrame) -> str:

@@ -10,7 +10,7 @@ import pandas as pd
 import seaborn as sns
 
 from probes.common.figures import CMAP, save_figure, subplots
-from probes.common.tables import read_long_table
+from probes.common.tables import read_long_table, read_table
 from tasks.base import POOLED
 
 TITLES = {"prev_token": "previous token", "label": "read position -> label token",
@@ -88,9 +88,11 @@ def plot_heads(df: pd.DataFrame, pattern: pd.DataFrame, task: str, out: Path) ->
 def figures(results: Path) -> int:
     """The heads' figures, one pair per task, redrawn from ``results/heads``'s tables."""
     folder = Path(results) / "heads"
-    if not (folder / "heads.csv").is_file():
+    if not (folder / "heads.csv").exists():
         return 0
     df = read_long_table(folder / "heads.csv", dtype={"distractors": str})
-    pattern = pd.read_csv(folder / "heads_pattern.csv")
+    pattern = read_table(
+        folder / "heads_pattern.csv", ("task", "pass", "layer", "head"), ("weight",)
+    )
     tasks = [t for t in dict.fromkeys(df.task) if t != "-"]
     return sum(len(plot_heads(df, pattern, t, folder / "figures")) for t in tasks)

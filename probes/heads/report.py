@@ -13,7 +13,7 @@ def section(results: Path) -> list:
     """The heads' part of the report, from ``results/heads``: per task, the heads that read
     the label (and the token after it) most in each pass, and the figures."""
     folder = results / "heads"
-    if not (folder / "heads.csv").is_file():
+    if not (folder / "heads.csv").exists():
         return []
     df = read_long_table(folder / "heads.csv", dtype={"distractors": str})
     tasks = [t for t in dict.fromkeys(df.task) if t != "-"]  # "-": the induction test's rows

@@ -15,6 +15,9 @@ from probes.common.twins import Pairs
 
 METRICS = ("accuracy", "flip_rate", "logit_diff")
 
+# the columns an interventions.csv must have, read back by the report and plot
+IV_COLUMNS = ("task", "prefill", "intervention", "metric")
+
 
 COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
            "ci_low", "ci_high", "n"]  # fmt: skip

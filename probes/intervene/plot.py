@@ -17,6 +17,7 @@ from fbt_probe.patching import STATE_HOOK
 from probes.common.figures import CMAP, PALETTE, ordered_prefills, save_figure, subplots
 from probes.common.tables import read_long_table
 from probes.common.twins import WINDOWS
+from probes.intervene.metrics import IV_COLUMNS
 
 DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 4.0),
                  ("steer_random", 4.0))  # fmt: skip
@@ -145,8 +146,10 @@ def plot_interventions(df: pd.DataFrame, out: str | Path) -> dict[str, pd.DataFr
 def figures(results: Path) -> int:
     """The interventions' figures, redrawn from ``results/interventions/interventions.csv``."""
     csv = Path(results) / "interventions" / "interventions.csv"
-    if not csv.is_file():
+    if not csv.exists():
         return 0
     return len(
-        plot_interventions(read_long_table(csv, keep_default_na=True), csv.parent / "figures")
+        plot_interventions(
+            read_long_table(csv, IV_COLUMNS, keep_default_na=True), csv.parent / "figures"
+        )  # fmt: skip
     )

@@ -3,7 +3,6 @@ depth, and the interchange and depth heatmaps."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -13,10 +12,12 @@ from probes.analysis import Figure
 from probes.common.figures import ordered_prefills
 from probes.common.tables import percent, read_long_table
 from probes.fit.results import load_results, primary
+from probes.intervene.metrics import IV_COLUMNS
 from probes.intervene.plot import depth_cells, depth_of, interchange_cells, site_ladder
 from probes.intervene.registry import TOKEN_SITE
 from probes.report.html import rows_grid
 from tasks.base import POOLED
+from tasks.safe_files import read_json
 
 # below this clean accuracy a model does not do the task, and no route can be said to carry it
 MIN_CLEAN_ACCURACY = 0.8
@@ -68,7 +69,7 @@ def headline(df: pd.DataFrame, task: str, prefill: str, clean_accuracy: float | 
 def headlines(df: pd.DataFrame, plan, out: Path) -> list[str]:
     """``headline`` of each (task, prefill) of ``plan`` that has one, read against the clean
     accuracy the run in ``out`` measured (its ``interventions.json``)."""
-    runs = json.loads((Path(out) / "interventions.json").read_text())["runs"]
+    runs = read_json(Path(out) / "interventions.json", "record of interventions", ("runs",))["runs"]
     clean = {(r["task"], r["prefill"]): r.get("clean_accuracy") for r in runs}
     return [line for t, p in plan if (line := headline(df, t, p, clean.get((t, p))))]
 
@@ -141,9 +142,9 @@ def section(results: Path) -> list:
     used (in words and by depth, beside the fit's probes where ``results`` holds them) and
     the figures, the interchange and depth heatmaps interactive in report.html."""
     folder = results / "interventions"
-    if not (folder / "interventions.csv").is_file():
+    if not (folder / "interventions.csv").exists():
         return []
-    iv = read_long_table(folder / "interventions.csv", keep_default_na=True)
+    iv = read_long_table(folder / "interventions.csv", IV_COLUMNS, keep_default_na=True)
     fit = results / "probe_results.csv"
     df = (
         primary(load_results(results))

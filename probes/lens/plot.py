@@ -60,7 +60,8 @@ def plot_lens(df: pd.DataFrame, task: str, out: Path) -> dict[str, pd.DataFrame]
 def figures(results: Path) -> int:
     """The lens's figures, one per task, redrawn from ``results/lens/lens.csv``."""
     csv = Path(results) / "lens" / "lens.csv"
-    if not csv.is_file():
+    if not csv.exists():
         return 0
-    df = read_long_table(csv, dtype={"read": str, "distractors": str})
+    df = read_long_table(csv, ("task", "lens", "read", "pass", "metric"),
+                         dtype={"read": str, "distractors": str})  # fmt: skip
     return sum(len(plot_lens(df, t, csv.parent / "figures")) for t in dict.fromkeys(df.task))

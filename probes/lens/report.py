@@ -63,9 +63,10 @@ def section(results: Path) -> list:
     """The lens's part of the report, from ``results/lens``: a finding per task and the pass
     x read heatmaps (docs/anatomy.md explains each measure)."""
     folder = results / "lens"
-    if not (folder / "lens.csv").is_file():
+    if not (folder / "lens.csv").exists():
         return []
-    ld = read_long_table(folder / "lens.csv", dtype={"read": str, "distractors": str})
+    ld = read_long_table(folder / "lens.csv", ("task", "lens", "read", "pass", "metric"),
+                         dtype={"read": str, "distractors": str})  # fmt: skip
     parts: list = findings("What each (pass, depth) predicts (`fbt-probe lens`)", ld, headline)
     pngs = {t: folder / "figures" / f"lens_{t}.png" for t in dict.fromkeys(ld.task)}
     return parts + [Figure(png, tuple(lens(ld, t))) for t, png in pngs.items() if png.is_file()]

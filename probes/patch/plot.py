@@ -4,7 +4,6 @@ q/k/v x head, and one line of findings per kind."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import seaborn as sns
 
 from probes.common.figures import save_figure, subplots
 from probes.common.tables import read_long_table
+from tasks.safe_files import read_json
 
 DIVERGING = "RdBu"  # 0 (the twin's answer) red, 1 (the clean one) blue
 
@@ -90,9 +90,9 @@ def findings(df: pd.DataFrame, task: str, prefill: str) -> list[str]:
 def figures(results: Path) -> int:
     """The patching's heatmaps, redrawn from ``results/patch/patch.csv`` and its JSON."""
     folder = Path(results) / "patch"
-    if not (folder / "patch.csv").is_file():
+    if not (folder / "patch.csv").exists():
         return 0
-    meta = json.loads((folder / "patch.json").read_text())
+    meta = read_json(folder / "patch.json", "record of a patching", ("prefill", "pass"))
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
     return len(
         plot_patch(read_long_table(folder / "patch.csv"), meta["task"], where, folder / "figures")

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from probes.analysis import Figure
 from probes.common.tables import read_long_table
 from probes.patch.plot import findings
+from tasks.safe_files import read_json
 
 
 def section(results: Path) -> list:
     """The patching's part of the report, from ``results/patch``: the patches that move the
     answer most toward the twin's, per kind, and the heatmaps."""
     folder = results / "patch"
-    if not (folder / "patch.csv").is_file():
+    if not (folder / "patch.csv").exists():
         return []
     df = read_long_table(folder / "patch.csv")
-    meta = json.loads((folder / "patch.json").read_text())
+    meta = read_json(folder / "patch.json", "record of a patching", ("prefill", "pass"))
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
     parts = ["## Where the label's difference lives (`fbt-probe patch`)", "",
              f"The twin's activation patched into the clean run one site at a time ({where}, "

@@ -40,6 +40,8 @@ def redraw(results: str | Path, fit_out: str | Path | None = None) -> list[str]:
         check_output_dir(Path(fit_out))
         drawn = plot_all(res, fit_out)
         return [f"drew {sum(len(v) for v in drawn.values())} panels into {fit_out}"]
+    for a in ANALYSES.values():  # every table read back first: a damaged one is refused
+        a.report(res)  # before any figure is drawn
     counts = {a.name: a.redraw(res) for a in ANALYSES.values()}
     if not any(counts.values()):
         raise FileNotFoundError(f"{res} holds the tables of no analysis ({', '.join(ANALYSES)}): "

@@ -263,7 +263,7 @@ def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
 def study_rows(study: Path) -> dict[int, dict]:
     """A study's rows, seed -> row, from its ``seed_rows.json``."""
     path = study / "seed_rows.json"
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{study}: no seed_rows.json (is it a folder `train --seeds` wrote?)")
     try:
         found = json.loads(path.read_text(), object_pairs_hook=_once)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from probes.common.figures import PALETTE, save_figure, subplots
+from probes.common.tables import read_table
 
 
 def plot_stability(df: pd.DataFrame, out: Path, stem: str = "stability") -> None:
@@ -46,10 +47,18 @@ def plot_soft(df: pd.DataFrame, out: Path) -> None:
 def figures(results: Path) -> int:
     """The stability figures, redrawn from ``results/stability``'s tables."""
     folder = Path(results) / "stability"
-    if not (folder / "stability.csv").is_file():
+    if not (folder / "stability.csv").exists():
         return 0
-    plot_stability(pd.read_csv(folder / "stability.csv"), folder)
-    if (folder / "soft_decoding.csv").is_file():
-        plot_soft(pd.read_csv(folder / "soft_decoding.csv"), folder)
+    plot_stability(
+        read_table(
+            folder / "stability.csv",
+            ("model", "pass"),
+            ("delta_mean", "delta_max", "loss", "accuracy"),
+        ),
+        folder,
+    )
+    if (folder / "soft_decoding.csv").exists():
+        plot_soft(read_table(folder / "soft_decoding.csv", ("model", "step"), ("h_norm_mean",)),
+                  folder)  # fmt: skip
         return 2
     return 1

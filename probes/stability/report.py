@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from probes.analysis import Figure
+from probes.common.tables import read_table
 from probes.stability.run import verdict_line
 
 
@@ -14,9 +13,11 @@ def section(results: Path) -> list:
     """The stability's part of the report, from ``results/stability``: does the feedback map
     contract, per model, and the figures."""
     folder = results / "stability"
-    if not (folder / "stability.csv").is_file():
+    if not (folder / "stability.csv").exists():
         return []
-    df = pd.read_csv(folder / "stability.csv")
+    df = read_table(
+        folder / "stability.csv", ("model", "pass"), ("delta_mean", "delta_max", "loss", "accuracy")
+    )
     parts = ["## Does the feedback map contract? (`fbt-probe stability`)", ""]
     for name, g in df.groupby("model", sort=False):
         parts.append(f"- {verdict_line(name, g.sort_values('pass').to_dict('records'))}")

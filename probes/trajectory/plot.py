@@ -13,7 +13,7 @@ import seaborn as sns
 from matplotlib.colors import LogNorm
 
 from probes.common.figures import CMAP, PALETTE, save_figure, subplots
-from probes.common.tables import read_long_table
+from probes.common.tables import read_long_table, read_table
 from tasks.base import POOLED
 
 PCA_EXAMPLES = 120  # examples drawn in the PCA panel (all are in the CSV)
@@ -80,7 +80,8 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
 def figures(results: Path) -> int:
     """The trajectory's figures, one per task, redrawn from ``results/trajectory``'s tables."""
     folder = Path(results) / "trajectory"
-    if not (folder / "trajectory.csv").is_file():
+    if not (folder / "trajectory.csv").exists():
         return 0
-    df, pca = read_long_table(folder / "trajectory.csv"), pd.read_csv(folder / "trajectory_pca.csv")
+    df = read_long_table(folder / "trajectory.csv", ("task", "metric", "pass"))
+    pca = read_table(folder / "trajectory_pca.csv", ("task", "pass", "label"), ("pc1", "pc2"))
     return sum(len(plot_trajectory(df, pca, t, folder / "figures")) for t in dict.fromkeys(df.task))

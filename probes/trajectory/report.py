@@ -40,7 +40,7 @@ def section(results: Path) -> list:
     """The trajectory's part of the report, from ``results/trajectory``: a finding per task
     and its figure (the distance heatmap interactive, the PNG kept for its other panels)."""
     folder = results / "trajectory"
-    if not (folder / "trajectory.csv").is_file():
+    if not (folder / "trajectory.csv").exists():
         return []
     tr = read_long_table(folder / "trajectory.csv")
     parts: list = findings("How the states move over passes (`fbt-probe trajectory`)", tr, headline)

@@ -440,7 +440,7 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
         assert json.loads((out / "interventions.json").read_text())["interventions"] == [
             "double_state", "self"]  # fmt: skip
         r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--out", str(out),
-                                     "--intervention", "nope"])  # fmt: skip
+                                     "--intervention", "nope", "--force"])  # fmt: skip
         assert r.exit_code == 1
         assert r.stderr.strip().splitlines() == [
             "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)]  # fmt: skip

@@ -237,3 +237,25 @@ def test_the_design_comparison_tabulates_each_measure_by_design_with_every_seed(
     assert lines[-1] == "| seeds | 0 / 1 | 0 |" and len(lines) == 2 + len(cols) + 2
     dz.plot(pd.DataFrame(rows), tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_the_third_hardening_audit_finds_no_damaged_artifact_unnamed(monkeypatch):
+    """Every artifact a command reads back, damaged six ways (research/hardening_audit_3.py):
+    each is refused in one line naming the file, or not read at all; nothing is left."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "research"))
+    results = dict(_script("hardening_audit_3").audit("->"))
+    assert len(results) == 78
+    short = {case: what for case, what in results.items() if what.startswith("SHORT")}
+    assert short == {}
+    # damage to what the command reads is refused; only interventions.json, which a report
+    # does not read, is accepted
+    accepted = {case.split(" ")[0] for case, what in results.items() if what == "accepted"}
+    assert accepted == {"interventions/interventions.json"}
+
+
+@pytest.mark.slow
+def test_the_third_hardening_audit_finds_nothing_short(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "research"))
+    results = _script("hardening_audit_3").audit()
+    assert len(results) >= 600
+    assert [(c, w) for c, w in results if w.startswith("SHORT")] == []
