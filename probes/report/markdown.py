@@ -8,7 +8,7 @@ from pathlib import Path
 from probes.analysis import ANALYSES, Figure
 from probes.fit.plot import plot_all
 from probes.report.page import write_report_html
-from tasks.safe_files import atomic_write, check_output_dir, transaction
+from tasks.safe_files import atomic_write, check_output_dir, claim, transaction
 
 OUTPUTS = ("report.md", "report.html")
 
@@ -38,8 +38,16 @@ def redraw(results: str | Path, fit_out: str | Path | None = None) -> list[str]:
     res = Path(results)
     if fit_out is not None:
         check_output_dir(Path(fit_out))
-        drawn = plot_all(res, fit_out)
+        with claim(Path(fit_out)):  # one writer at a time, as every verb
+            drawn = plot_all(res, fit_out)
         return [f"drew {sum(len(v) for v in drawn.values())} panels into {fit_out}"]
+    if not res.is_dir():
+        raise FileNotFoundError(f"--results {res} is not a folder of results")
+    with claim(res):
+        return _redraw(res)
+
+
+def _redraw(res: Path) -> list[str]:
     for a in ANALYSES.values():  # every table read back first: a damaged one is refused
         a.report(res)  # before any figure is drawn
     counts = {a.name: a.redraw(res) for a in ANALYSES.values()}

@@ -56,8 +56,8 @@ def argv(verb: str, work, out: Path) -> list[str]:
     if verb in QUICK:
         extra = [] if verb == "stability" else ["--data", str(data)]
         return [*QUICK[verb], "--model", str(model), *extra, "--out", str(out)]
-    if verb == "report":
-        return ["report", "--results", str(out)]
+    if verb in ("report", "plot"):
+        return [verb, "--results", str(out)]
     return ["view", "--model", str(model), "--data", str(data), "--examples", "0",
             "--prefill", "k2", "--probes", str(out), "--out", str(out / "view.html")]  # fmt: skip
 
@@ -183,16 +183,16 @@ def test_any_kind_of_output_that_fails_leaves_the_earlier_outputs(verb, work, fi
         assert snapshot(out.parent) == before and leftovers(out.parent) == [], suffix
 
 
-@pytest.mark.parametrize("verb", [*QUICK, *PAGES])
+@pytest.mark.parametrize("verb", [*QUICK, *PAGES, "plot"])
 def test_a_second_writer_is_refused_naming_the_first(verb, work, first_runs, tmp_path):
     """Another process (a real one) holds the output: refused in one line, before any work."""
     out = tmp_path / "out"
-    shutil.copytree(first_runs["fit"] if verb in PAGES else first_runs[verb], out)
+    shutil.copytree(first_runs[verb] if verb in QUICK else first_runs["fit"], out)
     target = out / "view.html" if verb == "view" else out
     holder = hold(target)
     try:
         before = snapshot(tmp_path)
-        r = invoke([*argv(verb, work, out), "--force"], work[0])
+        r = invoke([*argv(verb, work, out), *["--force"] * (verb != "plot")], work[0])
         one_line_error(r, f"{target} is being written by process {holder.pid}")
         assert snapshot(tmp_path) == before
     finally:
