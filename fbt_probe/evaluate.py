@@ -130,7 +130,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
 
     task_list = task_names() if task == "all" else comma_items(task, "--task")
     for t in task_list:
-        get_task(t)
+        get_task(t, "--task")
     if n_groups < 5:
         raise ValueError("--n-groups must be at least 5")
     check_memory(n_groups, DEFAULT_DISTRACTORS)  # the held-out set is built whole

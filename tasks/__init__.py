@@ -56,9 +56,15 @@ def register_task(task, *, replace: bool = False):
     return TASKS.add(name, task, replace=replace)
 
 
-def get_task(name: str):
-    """The generator of a registered task; a clear error for unknown names."""
-    return TASKS.lookup(name)
+def get_task(name: str, option: str | None = None):
+    """The generator of a registered task; for an unknown name, one line naming the known
+    ones (and ``option``, the command-line option that gave it, where one did)."""
+    if option is None:
+        return TASKS.lookup(name)
+    try:
+        return TASKS.lookup(name)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
 
 
 def task_names() -> tuple[str, ...]:

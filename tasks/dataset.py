@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from tasks import vocab
 from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
-from tasks.lists import NamedTwice, comma_numbers
+from tasks.lists import comma_numbers
 from tasks.safe_files import atomic_write
 
 SCHEMA_VERSION = "1"
@@ -124,14 +124,8 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
         raise ValueError("--distractors is empty: give counts such as '0,1,4', '0-16' or 'default'")
     if spec == "default":
         return DEFAULT_DISTRACTORS
-    try:
-        out = list(comma_numbers(spec, "--distractors", _counts))
-    except NamedTwice:
-        raise
-    except ValueError:
-        raise ValueError(
-            f"--distractors {spec!r}: use a list '0,1,4' or a range '0-16' of counts"
-        ) from None
+    usage = f"--distractors {spec!r}: use a list '0,1,4' or a range '0-16' of counts"
+    out = list(comma_numbers(spec, "--distractors", _counts, usage))
     out = sorted(set(out))
     try:
         check_counts(out)

@@ -33,7 +33,16 @@ def once(items: Iterable, option: str, spec: str) -> tuple:
     return items
 
 
-def comma_numbers(spec: str, option: str, expand: Callable[[str], list[int]]) -> tuple[int, ...]:
+def comma_numbers(spec: str, option: str, expand: Callable[[str], list[int]],
+                  usage: str | None = None) -> tuple[int, ...]:  # fmt: skip
     """The numbers of ``spec``, each item expanded by ``expand`` ('4-6' -> 4, 5, 6), in
-    order, each once. ``expand`` raises ValueError for an item it cannot read."""
-    return once([n for part in comma_items(spec, option) for n in expand(part)], option, spec)
+    order, each once. ``expand`` raises ValueError for an item it cannot read; with
+    ``usage``, that error is the one line ``usage`` (an item named twice keeps its own)."""
+    items = comma_items(spec, option)
+    try:
+        numbers = [n for part in items for n in expand(part)]
+    except ValueError:
+        if usage is None:
+            raise
+        raise ValueError(usage) from None
+    return once(numbers, option, spec)

@@ -83,10 +83,7 @@ def one_task(task: str, all_too: bool = False) -> str:
 
 def known(task: str) -> None:
     """A registered task, or one line naming ``--task`` and the known ones."""
-    try:
-        get_task(task)
-    except ValueError as e:
-        raise ValueError(f"--task: {e}") from None
+    get_task(task, "--task")
 
 
 def tasks_and_data(task: str, data: str | Path | None) -> tuple[tuple[str, ...], dict | None]:

@@ -170,7 +170,7 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
     prefills = tuple(parse_prefill(p).name for p in prefills)
     grid = probe_class(probe).grid
     for t in tasks:
-        get_task(t)
+        get_task(t, "--task")
     for site in sites:
         site_hooks(model, site)
     control = random_init_like(model, seed=seed) if controls else None

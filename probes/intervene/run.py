@@ -57,7 +57,7 @@ from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_intervent
 from probes.intervene.report import headline, headlines
 from tasks import get_task, target_names
 from tasks.dataset import Dataset
-from tasks.lists import NamedTwice, comma_numbers
+from tasks.lists import comma_numbers
 from tasks.safe_files import check_output_dir, claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
@@ -117,15 +117,11 @@ def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
         return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
     if spec.strip() == "all":
         return tuple(range(n_depths))
-    try:
-        picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)]))
-    except NamedTwice:
-        raise
-    except ValueError:
-        picked = []
+    usage = (f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, "
+             "comma-separated")  # fmt: skip
+    picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)], usage))
     if not picked or not all(0 <= d < n_depths for d in picked):
-        raise ValueError(f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, "
-                         "comma-separated")  # fmt: skip
+        raise ValueError(usage)
     return tuple(picked)
 
 

@@ -34,7 +34,7 @@ from probes.common.data import load_or_generate, one_task
 from probes.fit.artifacts import load_probes
 from probes.report.html import esc, page, write_page
 from tasks import vocab
-from tasks.lists import NamedTwice, comma_numbers
+from tasks.lists import comma_numbers
 from tasks.safe_files import check_output_file, claims
 
 MAX_PASSES = 8
@@ -50,12 +50,8 @@ def parse_examples(spec: str) -> list[int]:
     """The row numbers ``spec`` names ("3,17"; empty: the default rows), read before any work."""
     if not spec.strip():
         return []
-    try:
-        rows = list(comma_numbers(spec, "--examples", lambda x: [int(x)]))
-    except NamedTwice:
-        raise
-    except ValueError:
-        raise ValueError(f"--examples: row numbers separated by commas, got {spec!r}") from None
+    usage = f"--examples: row numbers separated by commas, got {spec!r}"
+    rows = list(comma_numbers(spec, "--examples", lambda x: [int(x)], usage))
     if len(rows) > MAX_EXAMPLES:
         raise ValueError(
             f"--examples: at most {MAX_EXAMPLES} examples in one page, got {len(rows)}"

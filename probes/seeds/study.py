@@ -32,7 +32,7 @@ from tasks import task_names
 from tasks.base import POOLED
 from tasks.dataset import int_range
 from tasks.generate import generate_dataset
-from tasks.lists import NamedTwice, comma_numbers
+from tasks.lists import comma_numbers
 from tasks.safe_files import atomic_write, claim, transaction
 
 # what write_study writes
@@ -50,12 +50,8 @@ TARGETS = {
 def parse_seeds(spec: str) -> list[int]:
     """'0-4' -> [0..4]; '0,3,7' -> [0, 3, 7]."""
 
-    try:
-        out = list(comma_numbers(spec, "--seeds", int_range))
-    except NamedTwice:
-        raise
-    except ValueError:
-        raise ValueError(f"--seeds {spec!r}: use a range '0-4' or a list '0,3,7'") from None
+    usage = f"--seeds {spec!r}: use a range '0-4' or a list '0,3,7'"
+    out = list(comma_numbers(spec, "--seeds", int_range, usage))
     if not out or min(out) < 0:
         raise ValueError(f"--seeds {spec!r}: seeds are integers >= 0")
     return sorted(set(out))
