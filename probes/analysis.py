@@ -27,7 +27,7 @@ from pathlib import Path
 from probes.common.options import check_bounds
 from tasks import imports
 from tasks.registry import Registry
-from tasks.safe_files import transaction
+from tasks.transaction import transaction
 
 
 class Figure:
@@ -70,7 +70,7 @@ class Analysis:
     ``figures``: redraws its figures from the tables it saved under a results folder and
     returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each
     with what replaces it (``<N>``: the value given), refused in one line; ``outputs``: the
-    names it writes in its ``--out`` folder (glob patterns, ``tasks.safe_files.transaction``):
+    names it writes in its ``--out`` folder (glob patterns, ``tasks.transaction``):
     an earlier run's are replaced only with ``--force``, and all of them at once."""
 
     __slots__ = ("name", "options", "run", "help", "example", "folder", "section", "figures",

@@ -8,7 +8,8 @@ from pathlib import Path
 from probes.analysis import ANALYSES, Figure
 from probes.fit.plot import plot_all
 from probes.report.page import write_report_html
-from tasks.safe_files import atomic_write, check_output_dir, claim, transaction
+from tasks.safe_files import atomic_write, check_output_dir, claim
+from tasks.transaction import transaction
 
 OUTPUTS = ("report.md", "report.html")
 

@@ -17,7 +17,8 @@ from probes.analysis import ANALYSES, resolve
 from probes.report.markdown import OUTPUTS as REPORTS
 from probes.report.markdown import write_report
 from probes.report.view import view
-from tasks.safe_files import check_output_dir, existing_outputs, transaction
+from tasks.safe_files import check_output_dir
+from tasks.transaction import existing_outputs, transaction
 
 # reproduce --train keeps the whole job near 20 minutes, about twice what the default's
 # 2 300 steps take on 2 CPU cores (docs/training.md): a machine half as fast still finishes

@@ -33,7 +33,8 @@ from tasks.base import POOLED
 from tasks.dataset import int_range
 from tasks.generate import generate_dataset
 from tasks.lists import comma_numbers
-from tasks.safe_files import atomic_write, claim, transaction
+from tasks.safe_files import atomic_write, claim
+from tasks.transaction import transaction
 
 # what write_study writes
 STUDY_FILES = ("seed_table.*", "seed_rows.json", "seeds.*")
