@@ -84,7 +84,7 @@ def transaction(out: Path, outputs: tuple[str, ...], force: bool = False, flag: 
     with claim(out):
         found = existing_outputs(out, outputs)
         if found and not force:
-            raise FileExistsError(_exists(found, flag))
+            raise FileExistsError(earlier_run(found, flag))
         # the staging folder has the destination's name, inside a hidden folder beside it
         named = out if out.name not in ("", "..") else Path(os.path.abspath(out))
         holder = None
@@ -106,7 +106,7 @@ def transaction(out: Path, outputs: tuple[str, ...], force: bool = False, flag: 
                 raise type(e)(str(e).replace(str(stage), str(out))) from None
             clash = [out / u for u in _units(stage, outputs) if (out / u).exists()]
             if clash and not force:  # an output no pattern declared
-                raise FileExistsError(_exists(clash, flag))
+                raise FileExistsError(earlier_run(clash, flag))
             try:
                 _commit(stage, out, outputs)
             except OSError as e:
@@ -116,7 +116,9 @@ def transaction(out: Path, outputs: tuple[str, ...], force: bool = False, flag: 
                 shutil.rmtree(holder, ignore_errors=True)
 
 
-def _exists(found: list[Path], flag: str) -> str:
+def earlier_run(found: list[Path], flag: str = "--out") -> str:
+    """The one line that refuses an earlier run's outputs ``found`` (``flag``: the option
+    that chose the destination)."""
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     return (f"{found[0]}{more} exists from an earlier run: pass --force to replace the "
             f"earlier run's outputs, or choose another {flag}")  # fmt: skip

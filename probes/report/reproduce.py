@@ -18,7 +18,7 @@ from probes.report.markdown import OUTPUTS as REPORTS
 from probes.report.markdown import write_report
 from probes.report.view import view
 from tasks.safe_files import check_output_dir
-from tasks.transaction import existing_outputs, transaction
+from tasks.transaction import earlier_run, existing_outputs, transaction
 
 # reproduce --train keeps the whole job near 20 minutes, about twice what the default's
 # 2 300 steps take on 2 CPU cores (docs/training.md): a machine half as fast still finishes
@@ -73,8 +73,7 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     check_output_dir(out)
     found = [] if force else earlier_outputs(out)
     if found:  # refused before any work, not at the step that would write over it
-        raise FileExistsError(f"{found[0]} exists from an earlier run: pass --force to replace "
-                              "the earlier run's outputs, or choose another --out")  # fmt: skip
+        raise FileExistsError(earlier_run(found))
     t0 = time.monotonic()
     if train_first:
         retrain_default(argv, bars)
