@@ -7,6 +7,8 @@ The KV cache layout is the ordinary one; a fused step costs two extra D x D matm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +24,75 @@ def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@dataclass
+class Decoded:
+    """What a decoding computed, one entry per generated step s (token s; step 0 is the
+    prompt's last position): the tokens (batch, steps), each step's top state (batch, steps,
+    d_model) and, where kept, its logits (batch, steps, d_vocab)."""
+
+    tokens: torch.Tensor
+    states: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+def decode_steps(model: FeedbackModel, mode: DecodeMode, cache, prompt_len: int, tok: torch.Tensor,
+                 h: torch.Tensor, first: int, stop: int, temperature: float = 0.0, generator=None,
+                 keep_logits: bool = False) -> Decoded:  # fmt: skip
+    """Decoding steps ``first`` .. ``stop - 1`` after a prompt of ``prompt_len`` positions whose
+    keys and values (and those of every step before ``first``) are in ``cache``: step s reads
+    token s - 1 (``tok``, (batch,)) at position prompt_len + s - 1, fused with its top state
+    (``h``, (batch, 1, d_model)) in the modes that feed it back, and produces token s. Hooks
+    see ``decode_step`` = s. A re-run from step s overwrites the cache from that position on."""
+    new, states, logits = [], [], []
+    for s in range(first, stop):
+        pos = prompt_len + s - 1
+        model.set_context(None, pos, pos, decode_step=s)
+        e = model.embed(tok[:, None])
+        carry = h if mode.soft else None  # fused with the previous step's state
+        out = model.feedback_pass(e, carry=carry, first_position=pos, cache=cache,
+                                  pass_number=None, step=pos, decode_step=s)  # fmt: skip
+        h, last = out.states, out.logits[:, -1]
+        tok = _pick(last, temperature, generator)
+        new.append(tok)
+        states.append(h)
+        if keep_logits:
+            logits.append(last)
+    B, D = h.shape[0], h.shape[-1]
+    return Decoded(torch.stack(new, 1) if new else tok.new_zeros(B, 0),
+                   torch.cat(states, 1) if states else h.new_zeros(B, 0, D),
+                   torch.stack(logits, 1) if logits else None)  # fmt: skip
+
+
+@torch.no_grad()
+def decode(model: FeedbackModel, prompt: torch.Tensor, mode: str | DecodeMode = "soft",
+           max_new_tokens: int = 1, temperature: float = 0.0, seed: int | None = None,
+           fwd_hooks=(), keep_logits: bool = False, cache=None) -> Decoded:  # fmt: skip
+    """Continue equal-length prompts (batch, pos) by ``max_new_tokens`` tokens (greedy when
+    ``temperature`` is 0) and return every step's token, top state and (``keep_logits``)
+    logits. ``fwd_hooks`` ((name, fn) pairs, as TransformerLens's ``run_with_hooks`` takes)
+    are active for the whole of it; ``fbt_probe.hooks.at(fn, decode_steps=s)`` restricts one
+    to generated step s. ``cache``: a KV cache of at least pos + max_new_tokens - 1
+    positions to fill (a new one by default), kept for a re-run from a later step."""
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise ValueError("prompt must be a non-empty (batch, pos) tensor")
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    mode = decode_mode(mode)
+    B, T = prompt.shape
+    gen = torch.Generator(device=prompt.device).manual_seed(seed) if seed is not None else None
+    if cache is None:
+        cache = model.new_cache(B, T + max_new_tokens - 1, device=prompt.device)
+    with model.hooks(fwd_hooks=list(fwd_hooks)) if fwd_hooks else nullcontext():
+        out = mode.prefill.run(model, prompt, cache).out
+        h, first = out.states[:, -1:], out.logits[:, -1]  # (batch, 1, d_model), (batch, d_vocab)
+        tok = _pick(first, temperature, gen)
+        rest = decode_steps(model, mode, cache, T, tok, h, 1, max_new_tokens, temperature, gen,
+                            keep_logits)  # fmt: skip
+    logits = torch.cat([first[:, None], rest.logits], 1) if keep_logits else None
+    return Decoded(torch.cat([tok[:, None], rest.tokens], 1), torch.cat([h, rest.states], 1),
+                   logits)  # fmt: skip
+
+
 @torch.no_grad()
 def generate(
     model: FeedbackModel,
@@ -31,37 +102,16 @@ def generate(
     temperature: float = 0.0,
     seed: int | None = None,
     return_states: bool = False,
+    fwd_hooks=(),
 ):
     """Continue equal-length prompts (batch, pos); greedy when ``temperature`` is 0.
 
     Returns the new tokens (batch, max_new_tokens), and with ``return_states`` also the top
-    state of every generated step (batch, max_new_tokens, d_model).
+    state of every generated step (batch, max_new_tokens, d_model). ``fwd_hooks`` apply while
+    it runs (see ``decode``: ``at(fn, decode_steps=s)`` for one generated step).
     """
-    if prompt.ndim != 2 or prompt.shape[1] == 0:
-        raise ValueError("prompt must be a non-empty (batch, pos) tensor")
-    if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    mode = decode_mode(mode)
-    B, T = prompt.shape
-    gen = torch.Generator(device=prompt.device).manual_seed(seed) if seed is not None else None
-    cache = model.new_cache(B, T + max_new_tokens - 1, device=prompt.device)
-    out = mode.prefill.run(model, prompt, cache).out
-    h = out.states[:, -1:]  # (batch, 1, d_model)
-    tok = _pick(out.logits[:, -1], temperature, gen)
-    new, states = [tok], [h]
-    for i in range(max_new_tokens - 1):
-        model.set_context(None, T + i, T + i)
-        e = model.embed(tok[:, None])
-        carry = h if mode.soft else None  # fused with the previous step's state
-        out = model.feedback_pass(
-            e, carry=carry, first_position=T + i, cache=cache, pass_number=None, step=T + i
-        )
-        h = out.states
-        tok = _pick(out.logits[:, -1], temperature, gen)
-        new.append(tok)
-        states.append(h)
-    tokens = torch.stack(new, dim=1)
-    return (tokens, torch.cat(states, dim=1)) if return_states else tokens
+    d = decode(model, prompt, mode, max_new_tokens, temperature, seed, fwd_hooks)
+    return (d.tokens, d.states) if return_states else d.tokens
 
 
 @torch.no_grad()

@@ -171,11 +171,12 @@ class FeedbackModel(HookedRootModule):
         firing; at depth L this is the model's own output."""
         raise NotImplementedError
 
-    def set_context(self, pass_number: int | None, step: int | None, first_position: int) -> None:
+    def set_context(self, pass_number: int | None, step: int | None, first_position: int,
+                    decode_step: int | None = None) -> None:  # fmt: skip
         """Record what fires the hooks next, in ``model.context`` and every ``hook.ctx``
         (``fbt_probe.hooks.HookContext``: the pass counted from 1, the step, the first
-        position of the tensor a hook sees)."""
-        self.context = context(pass_number, step, first_position)
+        position of the tensor a hook sees, and while generating the decoding step)."""
+        self.context = context(pass_number, step, first_position, decode_step)
         for hp in self._hook_points:
             if not isinstance(hp.ctx, HookContext):
                 hp.ctx = HookContext(hp.ctx)
@@ -206,6 +207,7 @@ class FeedbackModel(HookedRootModule):
         pass_number: int | None = 1,
         step: int | None = None,
         from_layer: int = 0,
+        decode_step: int | None = None,
     ) -> PassOutput:
         """One pass of the stack over positions [first_position, first_position + pos): the
         only place where
@@ -217,14 +219,14 @@ class FeedbackModel(HookedRootModule):
         time); plain: (batch, pos) bool, positions that keep their plain embedding. Position t
         is fused with h_{t-1}, i.e. ``states`` shifted right by one with ``carry`` in front.
         ``pass_number`` (counted from 1; None outside Jacobi passes) and ``step`` go to every
-        hook's ``ctx``.
+        hook's ``ctx``, with ``decode_step`` while generating.
 
         A design whose feedback enters block b > 0 (``cfg.feedback_target``) fuses the state
         into block b's residual input instead of the embeddings; ``from_layer`` = b then means
         ``emb`` is already that input (the blocks below, which no state reaches, were run once
         for every position: the recurrence).
         """
-        self.set_context(pass_number, step, first_position)
+        self.set_context(pass_number, step, first_position, decode_step)
         offset = first_position  # the stack's own word for it
         if states is None and carry is None:
             return self.stack(emb, offset, cache, from_layer=from_layer)

@@ -5,7 +5,10 @@ Every forward of a ``FeedbackModel`` (Jacobi passes, the sequential recurrence, 
 ``hook.ctx`` before each pass: ``"pass_number"`` (counted from 1, as everywhere in
 fbt-probe; None outside Jacobi passes), ``"step"`` (the position the recurrence or the
 decoder computes, None in Jacobi passes) and ``"first_position"`` (the absolute position of
-the tensor's first entry). ``at`` reads them::
+the tensor's first entry); while ``fbt_probe.decode.generate`` generates, ``"decode_step"`` is
+s for the step that reads generated token s - 1 (fused with its top state, in the modes that
+feed it back) and produces token s (None in the prompt's prefill, which produces token 0).
+``at`` reads them::
 
     def patch(x, hook):
         return x_twin  # (batch, pos, d_model)
@@ -14,7 +17,11 @@ the tensor's first entry). ``at`` reads them::
                          fwd_hooks=[("fusion.hook_state", at(patch, on_pass=2, positions=[7]))])
 
 patches the fed-back state of pass 2 at position 7 only; pass 1 and every other position see
-what they would have seen. Hooks are added by TransformerLens's ``run_with_hooks`` or
+what they would have seen. While generating, ``at(patch, decode_steps=3)`` patches generated
+step 3 only, in every decoding mode::
+
+    generate(model, prompt, "fused", 8, fwd_hooks=[("fusion.hook_state", at(patch, decode_steps=3))])
+ Hooks are added by TransformerLens's ``run_with_hooks`` or
 ``model.hooks(...)`` context manager, so none stays registered after an error.
 """
 
@@ -46,8 +53,10 @@ class HookContext(dict):
         return self[key] if key in GONE else super().get(key, default)
 
 
-def context(pass_number: int | None, step: int | None, first_position: int) -> HookContext:
-    return HookContext(pass_number=pass_number, step=step, first_position=first_position)
+def context(pass_number: int | None, step: int | None, first_position: int,
+            decode_step: int | None = None) -> HookContext:  # fmt: skip
+    return HookContext(pass_number=pass_number, step=step, first_position=first_position,
+                       decode_step=decode_step)  # fmt: skip
 
 
 def _as_set(x) -> set | None:
@@ -64,10 +73,12 @@ def at(
     on_pass: Iterable[int | None] | int | None = None,
     steps: Iterable[int] | int | None = None,
     positions=None,
+    decode_steps: Iterable[int] | int | None = None,
     passes=None,
 ) -> Callable:
     """``fn(tensor, hook)`` applied only on the passes ``on_pass`` names (counted from 1: pass
-    1 is the plain forward) and at recurrence ``steps``, and only at absolute ``positions``:
+    1 is the plain forward) and at recurrence ``steps`` (absolute positions), at generated ``decode_steps`` (s: the step that
+produces generated token s, from 1), and only at absolute ``positions``:
     an int or a list (the same for every example), or a (batch,) / (batch, n) tensor of
     positions per example. Elsewhere the tensor is unchanged. ``fn`` may return a new tensor
     (a patch) or None (it only reads). ``passes=``, which counted from 0, is refused."""
@@ -76,13 +87,15 @@ def at(
         new = sorted(p + 1 for p in _as_set(old) if p is not None) if old is not None else None
         raise TypeError(f"at(passes=...) counted passes from 0 and is gone: use "
                         f"at(fn, on_pass={new}) (counted from 1)")  # fmt: skip
-    want_pass, want_step = _as_set(on_pass), _as_set(steps)
+    want_pass, want_step, want_decode = _as_set(on_pass), _as_set(steps), _as_set(decode_steps)
 
     def hook(tensor: torch.Tensor, hook):
         ctx = hook.ctx
         if want_pass is not None and ctx.get("pass_number") not in want_pass:
             return None
         if want_step is not None and ctx.get("step") not in want_step:
+            return None
+        if want_decode is not None and ctx.get("decode_step") not in want_decode:
             return None
         if positions is None:
             return fn(tensor, hook)

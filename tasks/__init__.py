@@ -26,14 +26,17 @@ from tasks.registry import Registry
 imports.install({"tasks.files": "tasks.safe_files"})
 
 TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
+# built-in tasks whose answer is generated over many tokens (``GENERATED = True``): the
+# generation analyses read them; 'all' of the colon analyses leaves them out
+GENERATION_TASKS = ("count_steps", "read_registers")
 
 
 def _builtins() -> None:
     # imported on the registry's first use: importing tasks (the CLI does, to build its
     # verbs) then costs no numpy
-    from tasks import delayed_memory, done_tracking, multi_register
+    from tasks import count_steps, delayed_memory, done_tracking, multi_register, read_registers
 
-    for t in (delayed_memory, done_tracking, multi_register):
+    for t in (delayed_memory, done_tracking, multi_register, count_steps, read_registers):
         register_task(t)
 
 
@@ -67,9 +70,16 @@ def get_task(name: str, option: str | None = None):
         raise ValueError(f"{option}: {e}") from None
 
 
-def task_names() -> tuple[str, ...]:
-    """Every registered task, built-in ones first."""
-    return tuple(TASKS)
+def task_names(generated: bool = False) -> tuple[str, ...]:
+    """The registered tasks whose answer is read at the colon (what 'all' means to the colon
+    analyses), built-in ones first; ``generated``: those whose answer is generated over many
+    tokens instead (a task's ``GENERATED``)."""
+    return tuple(n for n, t in TASKS.items() if bool(getattr(t, "GENERATED", False)) == generated)
+
+
+def is_generated(task: str) -> bool:
+    """Whether ``task``'s answer is generated over many tokens (``GENERATED``)."""
+    return bool(getattr(get_task(task), "GENERATED", False))
 
 
 def target_names(task: str, params: dict | None = None) -> tuple[str, ...]:
@@ -88,7 +98,7 @@ def stratum(task: str) -> str | None:
 _LAZY = {"vocab": "tasks.vocab:", "Example": "tasks.base:Example", "POOLED": "tasks.base:POOLED",
          "generate_dataset": "tasks.generate:generate_dataset", "load_dataset": "tasks.dataset:load",
          "Dataset": "tasks.dataset:Dataset", "Registry": "tasks.registry:Registry"}  # fmt: skip
-__all__ = ["TASKS", "TASK_NAMES", "register_task", "get_task", "task_names", "target_names",
+__all__ = ["TASKS", "TASK_NAMES", "GENERATION_TASKS", "is_generated", "register_task", "get_task", "task_names", "target_names",
            "stratum", *_LAZY]  # fmt: skip
 
 
