@@ -14,7 +14,7 @@ DEFAULTS = Path(__file__).resolve().parent / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
 # models shipped beside the default that ``--model NAME`` finds; a fusion folder names its
 # base, which ``fbt-probe convert`` makes (docs/real-model.md)
-SHIPPED = ("smollm2-upcycled", "smollm2-lora")
+SHIPPED = ("smollm2-upcycled", "smollm2-lora", "generation")
 
 
 def resolve_model(

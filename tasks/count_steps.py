@@ -51,11 +51,16 @@ def solve(prompt: tuple[str, ...], params: Params) -> tuple[str, ...]:
     return answer(vocab.COUNTS.index(prompt[prompt.index(vocab.NEED) + 1]) + 1, params)
 
 
-def step_states(example: Example) -> tuple[int, ...]:
-    """The task state each generated step must carry: how many STEPs are still to come when
-    the step's word is emitted (k, k - 1, .., 1, then 0)."""
-    k = example.answer.count(vocab.STEP)
-    return tuple(max(k - i, 0) for i in range(len(example.answer)))
+def step_states(answer: tuple[str, ...]) -> tuple[int, ...]:
+    """The task state each generated step must carry, from the answer's words: how many STEPs
+    are still to come when the step's word is emitted (k, k - 1, .., 1, then 0)."""
+    k = answer.count(vocab.STEP)
+    return tuple(max(k - i, 0) for i in range(len(answer)))
+
+
+def answer_length(answer: tuple[str, ...]) -> int:
+    """What an answer's length means here: k, the number of STEPs."""
+    return answer.count(vocab.STEP)
 
 
 def draw_bases(n_groups: int, seed: int, params: Params, stream: int) -> list[int]:

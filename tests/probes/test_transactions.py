@@ -37,7 +37,10 @@ QUICK = {
                   "delayed_memory"],
     "patch": ["patch", "--prefill", "recurrent", "--groups", "2"],
     "attribute": ["attribute", "--prefill", "recurrent", "--groups", "2"],
+    "steps": ["steps", "--modes", "standard,soft", "--no-controls", "--folds", "2"],
+    "loop": ["loop", "--modes", "soft", "--kinds", "state"],
 }  # fmt: skip
+GENERATED = ("steps", "loop")  # read a generated-answer task's dataset
 # the other verbs that write outputs a user could lose: (argv, the output, its kind)
 PAGES = ["report", "view"]
 
@@ -48,13 +51,16 @@ def work(tmp_path_factory):
     save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), tmp / "m")
     data = generate_dataset("delayed_memory", tmp / "dm.parquet", n_groups=6, distractors=(1, 4),
                             seed=2, twins=True)  # fmt: skip
+    generate_dataset("count_steps", tmp / "cs.parquet", n_groups=6, distractors=(1, 4), seed=2,
+                     twins=True)  # fmt: skip
     return tmp, tmp / "m", data
 
 
 def argv(verb: str, work, out: Path) -> list[str]:
     tmp, model, data = work
     if verb in QUICK:
-        extra = [] if verb == "stability" else ["--data", str(data)]
+        given = data.with_name("cs.parquet") if verb in GENERATED else data
+        extra = [] if verb == "stability" else ["--data", str(given)]
         return [*QUICK[verb], "--model", str(model), *extra, "--out", str(out)]
     if verb in ("report", "plot"):
         return [verb, "--results", str(out)]

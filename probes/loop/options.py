@@ -1,0 +1,29 @@
+"""The options of ``fbt-probe loop``: each field is an option, its docstring the help."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.common.decoding import MODES_HELP
+from probes.common.options import Common, option
+
+
+@dataclass(frozen=True)
+class LoopOptions(Common):
+    model: str = option("generation", "--model", "-m")
+    """'generation' (the shipped model of the generation tasks), another shipped model's name or a model/run folder."""
+    task: str = option("all", "--task", "-t")
+    """A task whose answer is generated (count_steps, read_registers), a comma-separated list, or 'all'."""
+    data: Path | None = option(None, "--data")
+    """A twin dataset (generate --twins); default data/<task>-twins.parquet, generated if absent."""
+    modes: str = option("standard,soft,fused", "--modes")
+    MODES_HELP
+    kinds: str = option("state,token,both", "--kinds")
+    """What is swapped for the twin's at step s, comma-separated: state (the fed-back state h_{s-1}), token (the embedding of generated token s - 1), both."""
+    out: Path = option(Path("results/loop"), "--out", "-o")
+    """Output folder."""
+    seed: int = option(0, "--seed", min=0)
+    """Bootstrap seed."""
+    batch_size: int = option(128, "--batch-size", min=1)
+    """Examples per batch."""
