@@ -28,15 +28,15 @@ imports.install({"tasks.files": "tasks.safe_files"})
 TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
 # built-in tasks whose answer is generated over many tokens (``GENERATED = True``): the
 # generation analyses read them; 'all' of the colon analyses leaves them out
-GENERATION_TASKS = ("count_steps", "read_registers")
+GENERATION_TASKS = ("count_steps", "recall_bits")
 
 
 def _builtins() -> None:
     # imported on the registry's first use: importing tasks (the CLI does, to build its
     # verbs) then costs no numpy
-    from tasks import count_steps, delayed_memory, done_tracking, multi_register, read_registers
+    from tasks import count_steps, delayed_memory, done_tracking, multi_register, recall_bits
 
-    for t in (delayed_memory, done_tracking, multi_register, count_steps, read_registers):
+    for t in (delayed_memory, done_tracking, multi_register, count_steps, recall_bits):
         register_task(t)
 
 

@@ -14,7 +14,7 @@ class LoopOptions(Common):
     model: str = option("generation", "--model", "-m")
     """'generation' (the shipped model of the generation tasks), another shipped model's name or a model/run folder."""
     task: str = option("all", "--task", "-t")
-    """A task whose answer is generated (count_steps, read_registers), a comma-separated list, or 'all'."""
+    """A task whose answer is generated (count_steps, recall_bits), a comma-separated list, or 'all'."""
     data: Path | None = option(None, "--data")
     """A twin dataset (generate --twins); default data/<task>-twins.parquet, generated if absent."""
     modes: str = option("standard,soft,fused", "--modes")

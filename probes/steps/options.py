@@ -14,7 +14,7 @@ class StepsOptions(Common):
     model: str = option("generation", "--model", "-m")
     """'generation' (the shipped model of the generation tasks), another shipped model's name or a model/run folder."""
     task: str = option("all", "--task", "-t")
-    """A task whose answer is generated (count_steps, read_registers), a comma-separated list, or 'all'."""
+    """A task whose answer is generated (count_steps, recall_bits), a comma-separated list, or 'all'."""
     modes: str = option("standard,soft,fused", "--modes")
     MODES_HELP
     out: Path = option(Path("results/steps"), "--out", "-o")

@@ -1,12 +1,12 @@
 """``fbt-probe steps``: the task state while the model generates, step by step.
 
-Each prompt of a generated-answer task (``tasks.count_steps``, ``tasks.read_registers``) is
+Each prompt of a generated-answer task (``tasks.count_steps``, ``tasks.recall_bits``) is
 decoded greedily in every mode (no teacher forcing), and the residual at every depth of every
 generated step is kept (``fbt_probe.generation.step_residuals``; step 0 is the prompt's last
 position). Per task, mode, step and depth (``steps.csv``):
 
 - ``probe``: a linear probe of the state that step must carry (the task's ``step_states``:
-  count_steps, how many STEPs are still to come; read_registers, the value to emit), under
+  count_steps, how many STEPs are still to come; recall_bits, the value to emit), under
   ``fit``'s protocol (nested grouped CV, intervals over groups, a constant-feature chance),
   with ``fit``'s controls (``probe_permuted``: labels permuted by group; ``probe_random_init``:
   a random-init model of the same config, decoding on its own);

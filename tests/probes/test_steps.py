@@ -86,4 +86,4 @@ def test_the_command_refuses_a_colon_task_and_a_bad_mode(tmp_path):
 
 
 def test_the_oracle_words_are_in_the_vocabulary():
-    assert {"STEP", "DONE", "NEED"} <= set(vocab.TOKENS[: vocab.BASE_SIZE])
+    assert {"STEP", "DONE", "NEED", "SET"} <= set(vocab.TOKENS[: vocab.BASE_SIZE])

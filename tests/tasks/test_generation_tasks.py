@@ -72,7 +72,7 @@ def test_a_damaged_dataset_is_refused_by_the_oracle(tmp_path):
     from probes.common.decoding import oracle
     from tasks.dataset import load
 
-    path = generate_dataset("read_registers", tmp_path / "rr.parquet", n_groups=5, distractors=(1, 3))
+    path = generate_dataset("recall_bits", tmp_path / "rr.parquet", n_groups=5, distractors=(1, 3))
     ds = load(path)
     assert [tuple(a) for a in oracle(ds)] == [tuple(x) for x in ds.labels]
     ds.labels[2] = tuple(reversed(ds.labels[2])) if len(set(ds.labels[2])) > 1 else ("V9",) * 4
