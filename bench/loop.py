@@ -63,8 +63,13 @@ def main(argv=None) -> dict:
         for idx in by_length(ds, np.arange(len(ds)), 32):
             p, q = prompts(ds, idx, "cpu"), prompts(ds, idx, "cpu", twin=True)
             for mode in ("standard", "soft", "fused"):
-                ref = best_of(lambda: one_per_intervention(model, p, q, mode, n_steps), repeats=2)
-                bat = best_of(lambda: closed_loop(model, p, q, mode, n_steps), repeats=2)
+                ref = best_of(
+                    lambda p=p, q=q, m=mode: one_per_intervention(model, p, q, m, n_steps),
+                    repeats=2,
+                )
+                bat = best_of(
+                    lambda p=p, q=q, m=mode: closed_loop(model, p, q, m, n_steps), repeats=2
+                )
                 rows.append({"prompt": p.shape[1], "mode": mode, "batch": len(idx),
                              "interventions": len(KINDS) * (n_steps - 1),
                              "reference_s": round(ref, 3), "battery_s": round(bat, 3),

@@ -104,7 +104,10 @@ def closed_loop(model: FeedbackModel, prompt: torch.Tensor, twin_prompt: torch.T
     twin_embed = model.embed(twin.tokens)  # (batch, n_steps, d_model)
     for kind in kinds:
         for s in steps:
-            swap = {"fusion.hook_state": twin.states[:, s - 1 : s], "hook_embed": twin_embed[:, s - 1 : s]}
+            swap = {
+                "fusion.hook_state": twin.states[:, s - 1 : s],
+                "hook_embed": twin_embed[:, s - 1 : s],
+            }
             hooks = [(site, at(lambda x, hook, v=swap[site]: v, decode_steps=s))
                      for site in SITES[kind]]  # fmt: skip
             model.restore_cache(cache, pristine, T + s - 1)

@@ -77,11 +77,11 @@ def at(
     passes=None,
 ) -> Callable:
     """``fn(tensor, hook)`` applied only on the passes ``on_pass`` names (counted from 1: pass
-    1 is the plain forward) and at recurrence ``steps`` (absolute positions), at generated ``decode_steps`` (s: the step that
-produces generated token s, from 1), and only at absolute ``positions``:
-    an int or a list (the same for every example), or a (batch,) / (batch, n) tensor of
-    positions per example. Elsewhere the tensor is unchanged. ``fn`` may return a new tensor
-    (a patch) or None (it only reads). ``passes=``, which counted from 0, is refused."""
+        1 is the plain forward) and at recurrence ``steps`` (absolute positions), at generated ``decode_steps`` (s: the step that
+    produces generated token s, from 1), and only at absolute ``positions``:
+        an int or a list (the same for every example), or a (batch,) / (batch, n) tensor of
+        positions per example. Elsewhere the tensor is unchanged. ``fn`` may return a new tensor
+        (a patch) or None (it only reads). ``passes=``, which counted from 0, is refused."""
     if passes is not None or legacy:
         old = passes if passes is not None else legacy[0]
         new = sorted(p + 1 for p in _as_set(old) if p is not None) if old is not None else None

@@ -18,7 +18,7 @@ class LoopOptions(Common):
     data: Path | None = option(None, "--data")
     """A twin dataset (generate --twins); default data/<task>-twins.parquet, generated if absent."""
     modes: str = option("standard,soft,fused", "--modes")
-    MODES_HELP
+    MODES_HELP + " Default: standard,soft,fused."
     kinds: str = option("state,token,both", "--kinds")
     """What is swapped for the twin's at step s, comma-separated: state (the fed-back state h_{s-1}), token (the embedding of generated token s - 1), both."""
     out: Path = option(Path("results/loop"), "--out", "-o")

@@ -7,9 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from probes.common.figures import PALETTE, save_figure, subplots
-from probes.common.tables import read_long_table
+from probes.common.tables import NUMBERS, read_table
+
+# the columns never empty (a value may be: nothing to measure there)
+REQUIRED = ("task", "mode", "kind", "step", "later_step", "metric")
 
 
 def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
@@ -28,14 +32,24 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
         ax.set_title(f"{task}, {mode}: answers that follow the twin")
         ax.set_xlabel("step s of the swap")
         ax.legend(fontsize=8)
-        swap = "state" if "state" in set(g.kind) else next(iter(k for k in g.kind if k != "none"), None)
+        swap = (
+            "state"
+            if "state" in set(g.kind)
+            else next(iter(k for k in g.kind if k != "none"), None)
+        )
         for col, (metric, title) in enumerate((("diverged_by", "diverged by step t"),
                                                ("logit_diff", "normalised logit difference")), 1):  # fmt: skip
             ax = axes[i][col]
             c = g[(g.kind == swap) & (g.metric == metric)]
             for j, (s, h) in enumerate(c.groupby("step")):
                 h = h.sort_values("later_step")
-                ax.plot(h.later_step, h.value, marker=".", label=f"s = {s}", color=PALETTE[j % len(PALETTE)])
+                ax.plot(
+                    h.later_step,
+                    h.value,
+                    marker=".",
+                    label=f"s = {s}",
+                    color=PALETTE[j % len(PALETTE)],
+                )
             ax.set_title(f"{mode}, {swap} swapped at s: {title}")
             ax.set_xlabel("later step t")
             if metric == "logit_diff":
@@ -43,6 +57,8 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
                 ax.axhline(0, color="grey", lw=0.6, ls=":")
             if len(c):
                 ax.legend(fontsize=7, ncol=2)
+    for ax in fig.axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     fig.tight_layout()
     return save_figure(fig, out, f"loop_{task}")
 
@@ -57,7 +73,5 @@ def figures(results: Path) -> int:
     path = results / "loop" / "loop.csv"
     if not path.exists():
         return 0
-    df = read_long_table(path, ("task", "mode", "kind", "step", "later_step", "metric"))
+    df = read_table(path, REQUIRED, NUMBERS)
     return len(plot_loop(df, results / "loop" / "figures")) // 2
-
-

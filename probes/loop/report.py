@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from probes.analysis import Figure
-from probes.common.tables import findings, read_long_table
+from probes.common.tables import NUMBERS, findings, read_table
+from probes.loop.plot import REQUIRED
 from probes.loop.run import headline
 
 
@@ -14,7 +15,7 @@ def section(results: Path) -> list:
     folder = results / "loop"
     if not (folder / "loop.csv").exists():
         return []
-    df = read_long_table(folder / "loop.csv", ("task", "mode", "kind", "step", "metric"))
+    df = read_table(folder / "loop.csv", REQUIRED, NUMBERS)
     parts: list = findings("Closed-loop swaps while generating (`fbt-probe loop`)", df, headline)
     pngs = [folder / "figures" / f"loop_{t}.png" for t in dict.fromkeys(df.task)]
     return parts + [Figure(p) for p in pngs if p.is_file()]

@@ -47,7 +47,18 @@ from tasks import vocab
 from tasks.dataset import Dataset
 from tasks.lists import comma_items
 
-COLUMNS = ["task", "mode", "kind", "step", "later_step", "metric", "value", "ci_low", "ci_high", "n"]
+COLUMNS = [
+    "task",
+    "mode",
+    "kind",
+    "step",
+    "later_step",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 FOLLOWS = ("example", "twin", "neither")
 
 
@@ -55,7 +66,9 @@ def parse_kinds(spec: str) -> tuple[str, ...]:
     kinds = comma_items(spec, "--kinds")
     for k in kinds:
         if k not in KINDS:
-            raise ValueError(f"--kinds {spec!r}: unknown kind {k!r}; choose from {', '.join(KINDS)}")
+            raise ValueError(
+                f"--kinds {spec!r}: unknown kind {k!r}; choose from {', '.join(KINDS)}"
+            )
     return kinds
 
 
@@ -98,7 +111,9 @@ def battery(model, ds: Dataset, rows: np.ndarray, mode: str, kinds, n_steps: int
         if tick is not None:
             tick(len(idx))
     back = np.argsort(np.concatenate(order))  # batches are by length: put rows back in order
-    joined = {k: {m: np.concatenate([p[m] for p in v])[back] for m in v[0]} for k, v in parts.items()}
+    joined = {
+        k: {m: np.concatenate([p[m] for p in v])[back] for m in v[0]} for k, v in parts.items()
+    }
     return joined, np.concatenate(clean)[back], np.concatenate(twin)[back]
 
 
@@ -116,7 +131,9 @@ def measure_rows(m: dict, s: int, n_steps: int, groups: np.ndarray, seed: int) -
     for t in range(s, n_steps):
         by_t = (div & (m["first"] <= t)).astype(float)
         rows.append({"metric": "diverged_by", "later_step": t, **_ci(by_t, groups, seed)})
-        rows.append({"metric": "logit_diff", "later_step": t, **_ci(m["logit_diff"][:, t], groups, seed)})
+        rows.append(
+            {"metric": "logit_diff", "later_step": t, **_ci(m["logit_diff"][:, t], groups, seed)}
+        )
     return rows
 
 
@@ -143,11 +160,16 @@ def task_rows(model, ds: Dataset, modes, kinds, opts, tick) -> list[dict]:
     want_twin = np.array([vocab.encode(ds.twin_labels[i]) for i in rows])
     out = []
     for mode in modes:
-        measures, clean, twin = battery(model, ds, rows, mode, kinds, n_steps, opts.batch_size, tick)
+        measures, clean, twin = battery(
+            model, ds, rows, mode, kinds, n_steps, opts.batch_size, tick
+        )
         found = [{"kind": "none", "metric": "clean_accuracy", **_ci((clean == want).all(1), groups, opts.seed)},
                  {"kind": "none", "metric": "twin_accuracy", **_ci((twin == want_twin).all(1), groups, opts.seed)}]  # fmt: skip
         for (kind, s), m in measures.items():
-            found += [{"kind": kind, "step": s, **r} for r in measure_rows(m, s, n_steps, groups, opts.seed)]
+            found += [
+                {"kind": kind, "step": s, **r}
+                for r in measure_rows(m, s, n_steps, groups, opts.seed)
+            ]
         out += [{"task": ds.task, "mode": mode, **r} for r in found]
     return out
 
@@ -167,7 +189,11 @@ def headline(df: pd.DataFrame, task: str) -> str:
 
 def run(opts, progress=None) -> Result:
     """``fbt-probe loop`` (``probes.loop.options.LoopOptions``)."""
-    task_list, modes, kinds = generation_tasks(opts.task), parse_modes(opts.modes), parse_kinds(opts.kinds)
+    task_list, modes, kinds = (
+        generation_tasks(opts.task),
+        parse_modes(opts.modes),
+        parse_kinds(opts.kinds),
+    )
     model, name = resolve_model(opts.model, resolve_device(opts.device))
     require_words(model)
     datasets = [load_or_generate(t, opts.data if len(task_list) == 1 else None, model, twins=True)

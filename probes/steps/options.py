@@ -16,7 +16,7 @@ class StepsOptions(Common):
     task: str = option("all", "--task", "-t")
     """A task whose answer is generated (count_steps, recall_bits), a comma-separated list, or 'all'."""
     modes: str = option("standard,soft,fused", "--modes")
-    MODES_HELP
+    MODES_HELP + " Default: standard,soft,fused."
     out: Path = option(Path("results/steps"), "--out", "-o")
     """Output folder."""
     no_controls: bool = option(False, "--no-controls")

@@ -11,7 +11,7 @@ import pandas as pd
 import seaborn as sns
 
 from probes.common.figures import CMAP, PALETTE, save_figure, subplots
-from probes.common.tables import read_long_table
+from probes.common.tables import NUMBERS, read_table
 from tasks.base import POOLED
 
 
@@ -20,8 +20,14 @@ def step_matrix(df: pd.DataFrame, task: str, mode: str, metric: str) -> pd.DataF
     state); columns: generated step."""
     g = df[(df.task == task) & (df["mode"] == mode) & (df.metric == metric)]
     t = g.pivot_table(index="depth", columns="step", values="value", aggfunc="first")
-    order = sorted((d for d in t.index if d != "state"), key=int) + [d for d in t.index if d == "state"]
+    order = sorted((d for d in t.index if d != "state"), key=int) + [
+        d for d in t.index if d == "state"
+    ]
     return t.reindex(order)
+
+
+# the columns never empty (a value may be: nothing to measure there)
+REQUIRED = ("task", "mode", "metric", "step")
 
 
 def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
@@ -46,7 +52,9 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
         ax = axes[i][2]
         x = g.distractors.astype(int).to_numpy()
         ax.plot(np.arange(len(x)), g.value, marker="o", color=PALETTE[i % len(PALETTE)])
-        ax.fill_between(np.arange(len(x)), g.ci_low, g.ci_high, alpha=0.2, color=PALETTE[i % len(PALETTE)])
+        ax.fill_between(
+            np.arange(len(x)), g.ci_low, g.ci_high, alpha=0.2, color=PALETTE[i % len(PALETTE)]
+        )
         ax.set_xticks(np.arange(len(x)), [str(v) for v in x])
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{task}, {mode}: whole answers right")
@@ -65,5 +73,5 @@ def figures(results: Path) -> int:
     path = results / "steps" / "steps.csv"
     if not path.exists():
         return 0
-    df = read_long_table(path, dtype={"depth": str, "distractors": str})
+    df = read_table(path, REQUIRED, NUMBERS, dtype={"depth": str, "distractors": str})
     return len(plot_steps(df, results / "steps" / "figures")) // 2

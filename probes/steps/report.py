@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from probes.analysis import Figure
-from probes.common.tables import findings, read_long_table
+from probes.common.tables import NUMBERS, findings, read_table
+from probes.steps.plot import REQUIRED
 from probes.steps.run import headline
 
 
@@ -14,8 +15,9 @@ def section(results: Path) -> list:
     folder = results / "steps"
     if not (folder / "steps.csv").exists():
         return []
-    df = read_long_table(folder / "steps.csv", ("task", "mode", "metric"),
-                         dtype={"depth": str, "distractors": str})  # fmt: skip
+    df = read_table(
+        folder / "steps.csv", REQUIRED, NUMBERS, dtype={"depth": str, "distractors": str}
+    )
     parts: list = findings("The task state while generating (`fbt-probe steps`)", df, headline)
     pngs = [folder / "figures" / f"steps_{t}.png" for t in dict.fromkeys(df.task)]
     return parts + [Figure(p) for p in pngs if p.is_file()]

@@ -133,10 +133,16 @@ def answer_rows(ids, want, counts, lengths, groups, seed: int) -> list[dict]:
     rows = []
     pooled = counts >= 1
     for s in range(want.shape[1]):
-        v, lo, hi, n = mean_ci((ids[pooled, s] == want[pooled, s]).astype(float), groups[pooled], seed)
-        rows.append({"metric": "answer", "step": s, "value": v, "ci_low": lo, "ci_high": hi, "n": n})
+        v, lo, hi, n = mean_ci(
+            (ids[pooled, s] == want[pooled, s]).astype(float), groups[pooled], seed
+        )
+        rows.append(
+            {"metric": "answer", "step": s, "value": v, "ci_low": lo, "ci_high": hi, "n": n}
+        )
     exact = (ids == want).all(1).astype(float)
-    cuts = [(POOLED, -1, pooled)] + [(str(c), -1, counts == c) for c in sorted(set(counts.tolist()))]
+    cuts = [(POOLED, -1, pooled)] + [
+        (str(c), -1, counts == c) for c in sorted(set(counts.tolist()))
+    ]
     cuts += [(POOLED, k, pooled & (lengths == k)) for k in sorted(set(lengths.tolist()))]
     for dist, length, keep in cuts:
         v, lo, hi, n = mean_ci(exact[keep], groups[keep], seed)
@@ -159,7 +165,9 @@ def task_rows(model, control, ds: Dataset, modes, opts, tick) -> tuple[list[dict
     for mode in modes:
         ids, resid, top = decode_all(model, ds, every, mode, n_steps, opts.batch_size, tick)
         rows = answer_rows(ids, want, counts, lengths, groups, opts.seed)
-        rows += lens_rows(model, resid[pooled], top[pooled], want[pooled], groups[pooled], opts.seed)
+        rows += lens_rows(
+            model, resid[pooled], top[pooled], want[pooled], groups[pooled], opts.seed
+        )
         out += [{"task": ds.task, "mode": mode, **r} for r in rows]
         p = (resid[pooled], states[pooled], groups[pooled], opts.folds, opts.seed)
         found = probe_cells(*p, "probe")
@@ -179,7 +187,9 @@ def headline(df: pd.DataFrame, task: str) -> str:
         pr = g[(g.metric == "probe") & (g.depth == "0") & (g.step >= 1)]
         rnd = g[(g.metric == "probe_random_init") & (g.depth == "0") & (g.step >= 1)]
         ex = g[(g.metric == "exact") & (g.distractors == POOLED) & (g.length == -1)]
-        txt = f"{mode}: layer-0 probe {pr.value.mean():.3f} over steps 1+" if len(pr) else f"{mode}:"
+        txt = (
+            f"{mode}: layer-0 probe {pr.value.mean():.3f} over steps 1+" if len(pr) else f"{mode}:"
+        )
         if len(rnd):
             txt += f" (random init {rnd.value.mean():.3f})"
         if len(ex):

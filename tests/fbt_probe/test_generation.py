@@ -78,7 +78,9 @@ def test_a_self_interchange_changes_nothing(model, prompts, mode):
     for kind in KINDS:
         for s in r.steps:
             assert torch.equal(r.tokens[kind, s], r.clean.tokens)
-            torch.testing.assert_close(r.pair_logits[kind, s], r.pair_logits[None], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                r.pair_logits[kind, s], r.pair_logits[None], atol=1e-5, rtol=0
+            )
 
 
 @pytest.mark.parametrize("mode", ["standard", "soft", "fused", "full"])
@@ -93,9 +95,11 @@ def test_the_battery_reusing_the_cache_equals_generating_again(model, prompts, m
         for s in r.steps:
             hooks = []
             if kind != "token":
-                hooks.append(("fusion.hook_state", at(lambda x, hook: twin.states[:, s - 1 : s], decode_steps=s)))
+                v = twin.states[:, s - 1 : s]
+                hooks.append(("fusion.hook_state", at(lambda x, hook, v=v: v, decode_steps=s)))
             if kind != "state":
-                hooks.append(("hook_embed", at(lambda x, hook: emb[:, s - 1 : s], decode_steps=s)))
+                e = emb[:, s - 1 : s]
+                hooks.append(("hook_embed", at(lambda x, hook, e=e: e, decode_steps=s)))
             ref = decode(model, p, mode, STEPS, fwd_hooks=hooks, keep_logits=True)
             assert torch.equal(ref.tokens, r.tokens[kind, s]), (kind, s)
     changed = sum(not torch.equal(r.tokens[k, s], r.clean.tokens) for k in KINDS for s in r.steps)

@@ -28,14 +28,21 @@ def test_the_table_and_its_invariants(loop_run):
     res, out = loop_run
     df = pd.read_csv(out / "loop.csv")
     assert list(df.columns) == COLUMNS
-    assert set(df["mode"]) == {"standard", "fused"} and set(df.kind) == {"none", "state", "token", "both"}
+    assert set(df["mode"]) == {"standard", "fused"} and set(df.kind) == {
+        "none",
+        "state",
+        "token",
+        "both",
+    }
     std = df[(df["mode"] == "standard") & (df.kind == "state")]
     # standard decoding feeds no state back: swapping it changes nothing at all
     assert (std[std.metric == "diverged"].value == 0).all()
     assert (std[std.metric == "follows_example"].dropna(subset=["value"]).value == 1).all()
     ld = std[std.metric == "logit_diff"].value.dropna()
     assert len(ld) > 0 and np.allclose(ld, 1.0)
-    for (_mode, _kind, _s), g in df[df.metric.str.startswith("follows_")].groupby(["mode", "kind", "step"]):
+    for (_mode, _kind, _s), g in df[df.metric.str.startswith("follows_")].groupby(
+        ["mode", "kind", "step"]
+    ):
         if g.value.notna().all():
             assert abs(g.value.sum() - 1) < 1e-9  # example, twin or neither
     curve = df[(df.metric == "diverged_by")].sort_values("later_step")

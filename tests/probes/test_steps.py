@@ -27,9 +27,13 @@ def gen_model():
 @pytest.fixture(scope="module")
 def steps_run(gen_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("steps")
-    data = generate_dataset("count_steps", tmp / "cs.parquet", n_groups=10, distractors=(1, 8, 64), seed=3)
+    data = generate_dataset(
+        "count_steps", tmp / "cs.parquet", n_groups=10, distractors=(1, 8, 64), seed=3
+    )
     out = tmp / "results" / "steps"
-    res = run_steps(gen_model, task="count_steps", data=data, modes="standard,fused", out=out, folds=5)
+    res = run_steps(
+        gen_model, task="count_steps", data=data, modes="standard,fused", out=out, folds=5
+    )
     return res, out, data
 
 
@@ -38,7 +42,9 @@ def test_the_table_and_its_invariants(steps_run):
     df = pd.read_csv(out / "steps.csv", dtype={"depth": str, "distractors": str})
     assert list(df.columns) == COLUMNS and len(df) == len(res.tables["steps"])
     assert set(df["mode"]) == {"standard", "fused"}
-    assert {"probe", "probe_permuted", "probe_random_init", "lens", "answer", "exact"} <= set(df.metric)
+    assert {"probe", "probe_permuted", "probe_random_init", "lens", "answer", "exact"} <= set(
+        df.metric
+    )
     last = str(len(resolve_model("generation")[0].depth_hooks()) - 1)
     for mode in ("standard", "fused"):
         g = df[df["mode"] == mode]

@@ -21,7 +21,9 @@ def test_the_oracle_reads_every_answer_from_the_prompt(task):
         for ex in mod.generate(40, COUNTS, seed, p):
             assert tuple(mod.solve(ex.prompt, p)) == ex.answer
             assert ex.prompt[-1] == vocab.COLON and ex.prompt.count(vocab.COLON) == 1
-            assert len(ex.prompt) - len(mod.generate(1, (0,), seed, p)[0].prompt) == ex.n_distractors
+            assert (
+                len(ex.prompt) - len(mod.generate(1, (0,), seed, p)[0].prompt) == ex.n_distractors
+            )
     rng = np.random.default_rng(0)
     for _ in range(200):  # the training stream's examples too
         ex = mod.sample(rng, int(rng.integers(0, MAX_DISTRACTORS + 1)), p)
@@ -47,7 +49,9 @@ def test_twins_line_up_and_change_one_answer_word(task):
     assert len(twins) == len(exs) and all(t is not None for t in twins)
     for ex, t in zip(exs, twins, strict=True):
         assert len(t.example.tokens) == len(ex.tokens)
-        diff = [i for i, (a, b) in enumerate(zip(ex.answer, t.example.answer, strict=True)) if a != b]
+        diff = [
+            i for i, (a, b) in enumerate(zip(ex.answer, t.example.answer, strict=True)) if a != b
+        ]
         assert diff == [t.target]
         assert tuple(mod.solve(t.example.prompt, p)) == t.example.answer
 
