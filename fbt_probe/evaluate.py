@@ -11,7 +11,7 @@ from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hf import require_tokenizer
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import MODES, decode_mode
+from fbt_probe.prefill import MODES, decode_mode, parse_modes
 from tasks import TASK_NAMES, get_task, task_names, vocab
 from tasks.base import DEFAULT_DISTRACTORS, POOLED
 from tasks.generate import check_memory
@@ -136,12 +136,7 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
     check_memory(n_groups, DEFAULT_DISTRACTORS)  # the held-out set is built whole
     if seed < 0:
         raise ValueError("--seed must be >= 0")
-    mode_list = comma_items(modes, "--modes")
-    for m in mode_list:
-        try:
-            decode_mode(m)
-        except ValueError as e:
-            raise ValueError(f"--modes {modes!r}: {e}") from None
+    mode_list = parse_modes(modes)
     m, name = resolve_model(model, resolve_device(device))
     require_tokenizer(m)
     skipped = {}

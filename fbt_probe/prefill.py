@@ -158,3 +158,14 @@ def decode_mode(name: str | DecodeMode) -> DecodeMode:
     if name not in MODES:
         raise ValueError(f"unknown decoding mode {name!r}; choose from {', '.join(MODES)}")
     return MODES[name]
+
+
+def parse_modes(spec: str, option: str = "--modes") -> tuple[str, ...]:
+    """A comma-separated list of decoding modes (``option``'s value), each once."""
+    modes = comma_items(spec, option)
+    for m in modes:
+        try:
+            decode_mode(m)
+        except ValueError as e:
+            raise ValueError(f"{option} {spec!r}: {e}") from None
+    return modes

@@ -1,13 +1,11 @@
 """What the generation analyses (``steps``, ``loop``) share: the tasks they read (those whose
-answer is generated over many tokens), the decoding modes, prompts batched by length, the
-oracle's answers and intervals over groups."""
+answer is generated over many tokens), prompts batched by length, the oracle's answers and intervals over groups."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from fbt_probe.prefill import decode_mode
 from probes.common.bootstrap import GroupBootstrap
 from probes.common.data import known
 from tasks import get_task, is_generated, task_names, vocab
@@ -29,17 +27,6 @@ def generation_tasks(task: str) -> tuple[str, ...]:
             raise ValueError(f"--task {t}: its answer is read at the colon, not generated; "
                              f"this command reads {', '.join(task_names(generated=True))}")  # fmt: skip
     return names
-
-
-def parse_modes(spec: str) -> tuple[str, ...]:
-    """``--modes``: decoding modes, comma-separated, each once."""
-    modes = comma_items(spec, "--modes")
-    for m in modes:
-        try:
-            decode_mode(m)
-        except ValueError as e:
-            raise ValueError(f"--modes {spec!r}: {e}") from None
-    return modes
 
 
 def require_words(model) -> None:

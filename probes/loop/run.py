@@ -29,6 +29,7 @@ import torch
 from fbt_probe.device import resolve_device
 from fbt_probe.generation import KINDS, closed_loop
 from fbt_probe.loading import resolve_model
+from fbt_probe.prefill import parse_modes
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
@@ -36,7 +37,6 @@ from probes.common.decoding import (
     generation_tasks,
     mean_ci,
     oracle,
-    parse_modes,
     prompts,
     require_words,
 )

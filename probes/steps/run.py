@@ -27,6 +27,7 @@ import pandas as pd
 from fbt_probe.device import resolve_device
 from fbt_probe.generation import step_residuals
 from fbt_probe.loading import random_init_like, resolve_model
+from fbt_probe.prefill import parse_modes
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
@@ -34,7 +35,6 @@ from probes.common.decoding import (
     generation_tasks,
     mean_ci,
     oracle,
-    parse_modes,
     prompts,
     require_words,
 )
