@@ -256,10 +256,14 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
         "smeared-keys",
         "upcycle-smollm2",
         "upcycle-smollm2-lora",
+        "generation",
         *(f"design-{d}" for d in ("paper", "top-to-2", "2-to-1", "replace", "additive", "none")),
     }
     for n in recipe_names():
         assert named_config(n).name == n
+    # the generation model's recipe trains the generated-answer tasks only
+    gen = named_config("generation").to_dict()
+    assert set(gen["schedule"][0]["tasks"]) == {"count_steps", "recall_bits"}
     # the design comparison: one schedule, seed and budget; only the feedback differs
     designs = {n: named_config(n).to_dict() for n in recipe_names() if n.startswith("design-")}
     feedback = ("fusion", "feedback_source", "feedback_target")
