@@ -7,8 +7,8 @@ distractors later. The word a step must emit is found in the prompt after the wo
 before emitted (an induction read), or by the slot its position names. Slots have words of
 their own because arbitrary values bound to arbitrary slots (multi_register) took the default
 model 16 heads and a curriculum of its own, and a small model trained in minutes learned only
-the first reads of a variant with shared words. It learns the slots one after another: three
-(the default) within 1400 steps of the generation recipe, a fourth not by 2400.
+the first reads of a variant with shared words. A small model learns the slots one after
+another (``docs/generation.md``), hence three by default.
 """
 
 from __future__ import annotations
