@@ -57,8 +57,12 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
                 ax.axhline(0, color="grey", lw=0.6, ls=":")
             if len(c):
                 ax.legend(fontsize=7, ncol=2)
-    for ax in fig.axes:
+    steps = d[d.step >= 1].step
+    for k, ax in enumerate(fig.axes):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
+        if len(steps):  # one step alone would get a fractional axis around it
+            hi = int(steps.max()) + (0 if k % 3 == 0 else int(d.later_step.max()) - int(steps.max()))
+            ax.set_xlim(int(steps.min()) - 0.5, hi + 0.5)
     fig.tight_layout()
     return save_figure(fig, out, f"loop_{task}")
 
