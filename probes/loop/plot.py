@@ -61,7 +61,9 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
     for k, ax in enumerate(fig.axes):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         if len(steps):  # one step alone would get a fractional axis around it
-            hi = int(steps.max()) + (0 if k % 3 == 0 else int(d.later_step.max()) - int(steps.max()))
+            hi = int(steps.max()) + (
+                0 if k % 3 == 0 else int(d.later_step.max()) - int(steps.max())
+            )
             ax.set_xlim(int(steps.min()) - 0.5, hi + 0.5)
     fig.tight_layout()
     return save_figure(fig, out, f"loop_{task}")
