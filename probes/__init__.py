@@ -60,8 +60,18 @@ imports.install(
 )
 
 # the built-in analyses, in the order reproduce runs them and the report shows them
-BUILTIN = ("fit", "intervene", "lens", "trajectory", "patch", "attribute", "heads", "stability",
-           "steps", "loop")
+BUILTIN = (
+    "fit",
+    "intervene",
+    "lens",
+    "trajectory",
+    "patch",
+    "attribute",
+    "heads",
+    "stability",
+    "steps",
+    "loop",
+)
 for _name in BUILTIN:
     importlib.import_module(f"probes.{_name}")
 

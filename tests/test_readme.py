@@ -74,7 +74,9 @@ def test_every_help_ends_with_an_example_that_parses():
         ctx = cmd.make_context(" ".join(words), argv)
         assert not ctx.args, (words, ctx.args)
         seen.append(" ".join(words))
-    assert {"view", "report", "seeds run", "seeds merge", "fit", "steps", "loop"} <= set(seen) and len(seen) == 21
+    assert {"view", "report", "seeds run", "seeds merge", "fit", "steps", "loop"} <= set(
+        seen
+    ) and len(seen) == 21
 
 
 def test_every_docs_page_with_figures_names_the_command_that_made_them():
