@@ -52,6 +52,8 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
                 )
             ax.set_title(f"{mode}, {swap} swapped at s: {title}")
             ax.set_xlabel("later step t")
+            if metric == "diverged_by":
+                ax.set_ylim(-0.02, 1.02)  # a share: a small one should look small
             if metric == "logit_diff":
                 ax.axhline(1, color="grey", lw=0.6, ls="--")
                 ax.axhline(0, color="grey", lw=0.6, ls=":")

@@ -48,14 +48,23 @@ def redraw(results: str | Path, fit_out: str | Path | None = None) -> list[str]:
         return _redraw(res)
 
 
+def _nothing_there(res: Path) -> str:
+    """What to do about a results folder with nothing to read: an analysis's own folder (what
+    ``--out results/loop`` wrote) is read from the folder above it."""
+    own = next((a for a in ANALYSES.values() if a.folder == res.name), None)
+    if own is not None and own.report(res.parent):
+        return f"it is {own.name}'s own folder: pass the folder above it, {res.parent}"
+    return f"run one there first, e.g. fbt-probe fit --out {res}"
+
+
 def _redraw(res: Path) -> list[str]:
     for a in ANALYSES.values():  # every table read back first: a damaged one is refused
         a.report(res)  # before any figure is drawn
     counts = {a.name: a.redraw(res) for a in ANALYSES.values()}
     if not any(counts.values()):
         raise FileNotFoundError(f"{res} holds the tables of no analysis ({', '.join(ANALYSES)}): "
-                                f"run one there first, e.g. fbt-probe fit --out {res}")  # fmt: skip
-    return [f"drew {n} figure panels of {name}" for name, n in counts.items() if n] + [
+                                f"{_nothing_there(res)}")  # fmt: skip
+    return [f"drew {n} figure panel{'s' * (n != 1)} of {name}" for name, n in counts.items() if n] + [
         f"into the figure folders under {res}"]  # fmt: skip
 
 
@@ -68,8 +77,7 @@ def write_report(results: str | Path, force: bool = False) -> Path:
     found = sections(res)
     if not found:
         raise FileNotFoundError(
-            f"{res} holds the results of no analysis ({', '.join(ANALYSES)}): run one there "
-            f"first, e.g. fbt-probe fit --out {res}"
+            f"{res} holds the results of no analysis ({', '.join(ANALYSES)}): {_nothing_there(res)}"
         )
     parts = [p for s in found for p in s]
     text = markdown(parts, res)

@@ -134,7 +134,7 @@ def test_it_is_a_section_of_both_reports(toy, tmp_path):
     # and fbt-probe plot redraws its figure from its table
     (res / "count" / "count_lengths.png").unlink()
     got = CliRunner().invoke(cli.app, ["plot", "--results", str(res)])
-    assert got.exit_code == 0 and "drew 1 figure panels of count" in got.output
+    assert got.exit_code == 0 and "drew 1 figure panel of count" in got.output
     assert (res / "count" / "count_lengths.png").stat().st_size > 1000
 
 

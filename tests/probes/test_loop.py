@@ -56,3 +56,12 @@ def test_the_command_refuses_an_unknown_kind(tmp_path):
     r = CliRunner().invoke(app, ["loop", "--kinds", "state,gate", "--out", str(tmp_path / "o")])
     assert r.exit_code != 0 and "--kinds 'state,gate': unknown kind 'gate'" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_plot_on_the_analysis_own_folder_names_the_folder_above(loop_run):
+    _, out = loop_run
+    r = CliRunner().invoke(app, ["plot", "--results", str(out)])
+    assert r.exit_code == 1
+    assert f"it is loop's own folder: pass the folder above it, {out.parent}" in r.stderr
+    r = CliRunner().invoke(app, ["plot", "--results", str(out.parent)])
+    assert r.exit_code == 0 and "drew 1 figure panel of loop" in r.output  # count_steps only
