@@ -92,7 +92,10 @@ def lipschitz_estimate(
         n = jtjv.norm()
         if not torch.isfinite(n) or n == 0:
             return float(n)
-        sigma = math.sqrt(float((v * jtjv).sum()))
+        # ||JᵀJ v|| for a unit v converges to σ² as the Rayleigh quotient v·JᵀJv does, but
+        # cannot go negative: with Jv from differences and Jᵀ from autograd, v·JᵀJv can,
+        # where the differences are noisier than the Jacobian is large
+        sigma = math.sqrt(float(n))
         v = jtjv / n
     return sigma
 
