@@ -100,6 +100,33 @@ def lipschitz_estimate(
     return sigma
 
 
+LOGITS_BYTES = 1 << 28  # the logits of one chunk of sequences: a vocabulary of 49k and
+# a few hundred tokens would otherwise hold every sequence's (17 GB for SmolLM2's 160)
+
+
+def _scored_pass(model: FeedbackModel, emb, prev, plain, k: int, batch: HeldoutBatch):
+    """Pass k over every sequence, a chunk of sequences at a time: the top states (kept
+    whole), the next-token loss (mean over targets) and each sequence's answer right."""
+    B, T = batch.tokens.shape
+    rows = max(1, LOGITS_BYTES // (T * model.cfg.d_vocab * 4))
+    states, oks = [], []
+    ce_sum, n_targets = 0.0, 0
+    for i in range(0, B, rows):
+        sl = slice(i, i + rows)
+        out = model.feedback_pass(emb[sl], None if prev is None else prev[sl],
+                                  plain=None if plain is None else plain[sl], pass_number=k)  # fmt: skip
+        targets = batch.targets[sl]
+        ce = F.cross_entropy(
+            out.logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none"
+        ).view_as(targets)
+        tgt_ok = targets != -100
+        ce_sum += float((ce * tgt_ok).sum())
+        n_targets += int(tgt_ok.sum())
+        oks.append(((out.logits.argmax(-1) == targets) | ~batch.answer[sl]).all(dim=1))
+        states.append(out.states)
+    return torch.cat(states), ce_sum / n_targets, torch.cat(oks)
+
+
 @torch.no_grad()
 def jacobi_trajectory(
     model: FeedbackModel,
@@ -131,14 +158,8 @@ def jacobi_trajectory(
             if progress is not None:
                 progress(k, passes, f"pass {k} (fixed point)")
             continue
-        out = model.feedback_pass(emb, prev, plain=plain, pass_number=k)
-        h = out.states * valid[..., None]
-        ce = F.cross_entropy(
-            out.logits.flatten(0, 1), batch.targets.flatten().clamp(min=0), reduction="none"
-        ).view_as(batch.targets)
-        tgt_ok = batch.targets != -100
-        loss = float((ce * tgt_ok).sum() / tgt_ok.sum())
-        ok = ((out.logits.argmax(-1) == batch.targets) | ~batch.answer).all(dim=1)
+        h, loss, ok = _scored_pass(model, emb, prev, plain, k, batch)
+        h = h * valid[..., None]
         row = {"pass": k, "delta_mean": float("nan"), "delta_max": float("nan"), "loss": loss, "accuracy": float(ok.float().mean()),
                "h_norm_mean": float(h.norm(dim=-1)[valid].mean()), "lipschitz": float("nan")}  # fmt: skip
         if prev is not None:

@@ -111,3 +111,17 @@ def test_lipschitz_is_finite_where_differences_and_autograd_disagree(monkeypatch
     s = torch.randn(1, 3, 2, dtype=torch.float64)
     got = st.lipschitz_estimate(None, s, s, None, torch.ones(1, 3, dtype=torch.bool))
     assert got == pytest.approx(1.0)
+
+
+def test_passes_in_chunks_of_sequences_give_the_same_trajectory(monkeypatch):
+    # the logits are held a chunk of sequences at a time: one sequence a chunk changes nothing
+    import fbt_probe.stability as st
+
+    m, b = model_with_wu_scale(1.0), batch(B=5, T=24)
+    whole = jacobi_trajectory(m, b, passes=4, lipschitz_at=(3,))
+    monkeypatch.setattr(st, "LOGITS_BYTES", 1)
+    chunked = jacobi_trajectory(m, b, passes=4, lipschitz_at=(3,))
+    for w, c in zip(whole, chunked, strict=True):
+        assert w.keys() == c.keys()
+        for key in w:
+            assert c[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6, nan_ok=True), key
