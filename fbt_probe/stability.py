@@ -101,7 +101,7 @@ def lipschitz_estimate(
 
 
 LOGITS_BYTES = 1 << 28  # the logits of one chunk of sequences: a vocabulary of 49k and
-# a few hundred tokens would otherwise hold every sequence's (17 GB for SmolLM2's 96)
+# a few hundred tokens would otherwise hold every sequence's (GBs for SmolLM2's 96)
 
 
 def _scored_pass(model: FeedbackModel, emb, prev, plain, k: int, batch: HeldoutBatch):
