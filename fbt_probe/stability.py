@@ -113,8 +113,8 @@ def _scored_pass(model: FeedbackModel, emb, prev, plain, k: int, batch: HeldoutB
     ce_sum, n_targets = 0.0, 0
     for i in range(0, B, rows):
         sl = slice(i, i + rows)
-        out = model.feedback_pass(emb[sl], None if prev is None else prev[sl],
-                                  plain=None if plain is None else plain[sl], pass_number=k)  # fmt: skip
+        out = model.feedback_pass(emb[sl], None if prev is None else prev[sl], plain=plain[sl],
+                                  pass_number=k)  # fmt: skip
         targets = batch.targets[sl]
         ce = F.cross_entropy(
             out.logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none"

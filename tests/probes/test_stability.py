@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -86,17 +87,12 @@ def test_stability_cli(tmp_path):
     assert bad.exit_code == 1 and "1..1000" in bad.stderr
 
 
-class _Step:
-    def __init__(self, states):
-        self.states = states
-
-
 def test_lipschitz_of_a_known_linear_map(monkeypatch):
     # the pass maps states through a fixed matrix: the estimate is its largest singular value
     import fbt_probe.stability as st
 
     a = torch.tensor([[3.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
-    monkeypatch.setattr(st, "_feedback_step", lambda m, s, e, p: _Step(s @ a.T))
+    monkeypatch.setattr(st, "_feedback_step", lambda m, s, e, p: SimpleNamespace(states=s @ a.T))
     s = torch.randn(1, 3, 2, dtype=torch.float64)
     got = st.lipschitz_estimate(None, s, s, None, torch.ones(1, 3, dtype=torch.bool), iters=40)
     assert got == pytest.approx(float(torch.linalg.matrix_norm(a, ord=2)), rel=1e-6)
@@ -107,7 +103,9 @@ def test_lipschitz_is_finite_where_differences_and_autograd_disagree(monkeypatch
     # "math domain error" on a real model (SmolLM2 with a random fusion, pass 2)
     import fbt_probe.stability as st
 
-    monkeypatch.setattr(st, "_feedback_step", lambda m, s, e, p: _Step(s - 2 * s.detach()))
+    monkeypatch.setattr(
+        st, "_feedback_step", lambda m, s, e, p: SimpleNamespace(states=s - 2 * s.detach())
+    )
     s = torch.randn(1, 3, 2, dtype=torch.float64)
     got = st.lipschitz_estimate(None, s, s, None, torch.ones(1, 3, dtype=torch.bool))
     assert got == pytest.approx(1.0)
