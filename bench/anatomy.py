@@ -45,22 +45,36 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="default")
     ap.add_argument("--n-groups", type=int, default=64)
-    ap.add_argument("--only", choices=("patch",), help="only the patched runs' rows (quick on "
-                    "a large model)")  # fmt: skip
+    ap.add_argument(
+        "--only", choices=("patch",), help="only the patched runs' rows (quick on a large model)"
+    )
     args = ap.parse_args()
     model, name = resolve_model(args.model)
     model.eval()
     enc = getattr(model, "encoding", None)
     with tempfile.TemporaryDirectory() as tmp:
-        path = generate_dataset("delayed_memory", Path(tmp) / "dm.parquet", n_groups=args.n_groups,
-                                distractors=COUNTS, seed=99,
-                                tokenizer=None if enc is None else enc.source)  # fmt: skip
+        path = generate_dataset(
+            "delayed_memory",
+            Path(tmp) / "dm.parquet",
+            n_groups=args.n_groups,
+            distractors=COUNTS,
+            seed=99,
+            tokenizer=None if enc is None else enc.source,
+        )
         ds = load(path)
         # done_tracking's twins line up through a tokenizer too (SmolLM2's delayed_memory
         # twins are all shifted by one token, and patching needs aligned ones)
-        twins = load(generate_dataset("done_tracking", Path(tmp) / "tw.parquet",
-                                      n_groups=args.n_groups, distractors=COUNTS, seed=99,
-                                      twins=True, tokenizer=None if enc is None else enc.source))  # fmt: skip
+        twins = load(
+            generate_dataset(
+                "done_tracking",
+                Path(tmp) / "tw.parquet",
+                n_groups=args.n_groups,
+                distractors=COUNTS,
+                seed=99,
+                twins=True,
+                tokenizer=None if enc is None else enc.source,
+            )
+        )
     if args.only == "patch":
         return report(args, name, len(twins), head_patch_rows(model, twins))
     idx, where = np.arange(len(ds)), answer_positions(ds, model, "answer")
@@ -74,12 +88,24 @@ def main() -> None:
     traj = best_of(lambda: collect(model, ds, 8, 64), repeats=reps)
     rows = [
         {"what": "extract, 3 passes", "seconds": round(ex3, 3), "ratio": 1.0},
-        {"what": "lens: logit lens + fed-back reads", "seconds": round(logit, 3), "ratio": round(logit / ex3, 2)},
-        {"what": "lens: logit + tuned lens + fed-back reads", "seconds": round(both, 3), "ratio": round(both / ex3, 2)},
-        {"what": "lens: fitting the tuned lens (once per model)", "seconds": round(fit_s, 3), "ratio": round(fit_s / ex3, 2)},
+        {
+            "what": "lens: logit lens + fed-back reads",
+            "seconds": round(logit, 3),
+            "ratio": round(logit / ex3, 2),
+        },
+        {
+            "what": "lens: logit + tuned lens + fed-back reads",
+            "seconds": round(both, 3),
+            "ratio": round(both / ex3, 2),
+        },
+        {
+            "what": "lens: fitting the tuned lens (once per model)",
+            "seconds": round(fit_s, 3),
+            "ratio": round(fit_s / ex3, 2),
+        },
         {"what": "extract, 8 passes", "seconds": round(ex8, 3), "ratio": 1.0},
         {"what": "trajectory, 8 passes", "seconds": round(traj, 3), "ratio": round(traj / ex8, 2)},
-    ]  # fmt: skip
+    ]
     rows += head_patch_rows(model, twins)
     rows += heads_rows(model, twins, reps)
     report(args, name, len(ds), rows)
@@ -90,8 +116,9 @@ def report(args, name: str, n: int, rows: list[dict]) -> None:
     print(table(rows, ["what", "seconds", "ratio", "goal"]))
     stem = "anatomy" if args.model == "default" else f"anatomy_{Path(args.model).name}"
     stem += "_patch" if args.only else ""
-    out = write_json(stem, {"model": name, "examples": n, "goal": GOAL, "rows": rows,
-                            "machine": machine()})  # fmt: skip
+    out = write_json(
+        stem, {"model": name, "examples": n, "goal": GOAL, "rows": rows, "machine": machine()}
+    )
     print(f"wrote {out}")
 
 
@@ -131,12 +158,22 @@ def head_patch_rows(model, twins) -> list[dict]:
     for layer in layers:
         run = best_of(lambda layer=layer: one(layer), repeats=reps)
         allh = best_of(lambda layer=layer: heads(layer), repeats=reps)
-        rows.append({"what": f"patch: layer {layer}'s {H} heads vs {H + 1} runs from it",
-                     "seconds": round(allh, 3), "ratio": round(allh / ((H + 1) * run), 2)})  # fmt: skip
+        rows.append(
+            {
+                "what": f"patch: layer {layer}'s {H} heads vs {H + 1} runs from it",
+                "seconds": round(allh, 3),
+                "ratio": round(allh / ((H + 1) * run), 2),
+            }
+        )
         # the layers from l up, and a tenth for what every run pays (the head, the cache)
-        rows.append({"what": f"patch: one run from layer {layer} vs from layer 0",
-                     "seconds": round(run, 4), "ratio": round(run / base, 2),
-                     "goal": f"<= {(L - layer) / L + 0.1:.2f}"})  # fmt: skip
+        rows.append(
+            {
+                "what": f"patch: one run from layer {layer} vs from layer 0",
+                "seconds": round(run, 4),
+                "ratio": round(run / base, 2),
+                "goal": f"<= {(L - layer) / L + 0.1:.2f}",
+            }
+        )
     return rows
 
 
@@ -155,9 +192,14 @@ def heads_rows(model, twins, reps: int) -> list[dict]:
 
     ex = best_of(forward, repeats=reps)
     got = best_of(lambda: heads_collect(model, pairs, 2, 0, 64), repeats=reps)
-    return [{"what": "forward, 2 passes (the same batches)", "seconds": round(ex, 3), "ratio": 1.0},
-            {"what": "heads: attention by pass, 2 passes", "seconds": round(got, 3),
-             "ratio": round(got / ex, 2)}]  # fmt: skip
+    return [
+        {"what": "forward, 2 passes (the same batches)", "seconds": round(ex, 3), "ratio": 1.0},
+        {
+            "what": "heads: attention by pass, 2 passes",
+            "seconds": round(got, 3),
+            "ratio": round(got / ex, 2),
+        },
+    ]
 
 
 if __name__ == "__main__":

@@ -46,9 +46,15 @@ GOALS = {"forwards": 5.0, "speedup": 20.0, "memory": 3.0, "rank": 0.9, "recall":
 
 def twin_batches(model, task: str, n_groups: int, n_batches: int, tmp: Path):
     enc = getattr(model, "encoding", None)
-    path = generate_dataset(task, tmp / f"{task}.parquet", n_groups=n_groups,
-                            distractors=(1, 4, 16), seed=7, twins=True,
-                            tokenizer=None if enc is None else enc.source)  # fmt: skip
+    path = generate_dataset(
+        task,
+        tmp / f"{task}.parquet",
+        n_groups=n_groups,
+        distractors=(1, 4, 16),
+        seed=7,
+        twins=True,
+        tokenizer=None if enc is None else enc.source,
+    )
     pairs = pairs_of(load(path))
     pairs = pairs.subset(np.flatnonzero(pairs.shift == 0))
     bs = batches(pairs, 32, "cpu", max_tokens=max_batch_tokens(model))
@@ -80,13 +86,25 @@ def cost_rows(model, pairs, bs, prefill: str) -> list[dict]:
     ex = best_of(exact, repeats=1, warmup=0)
     return [
         {"what": f"forward, {prefill} prefill", "seconds": round(fwd, 3), "ratio": 1.0, "goal": ""},
-        {"what": "attribution sweep (resid, head, path; every pass)", "seconds": round(att, 3),
-         "ratio": round(att / fwd, 2), "goal": f"<= {GOALS['forwards']}"},
-        {"what": "exact sweep, the same sites", "seconds": round(ex, 2),
-         "ratio": round(ex / fwd, 1), "goal": ""},
-        {"what": "speed-up of the attribution over the exact sweep", "seconds": "",
-         "ratio": round(ex / att, 1), "goal": f">= {GOALS['speedup']}"},
-    ]  # fmt: skip
+        {
+            "what": "attribution sweep (resid, head, path; every pass)",
+            "seconds": round(att, 3),
+            "ratio": round(att / fwd, 2),
+            "goal": f"<= {GOALS['forwards']}",
+        },
+        {
+            "what": "exact sweep, the same sites",
+            "seconds": round(ex, 2),
+            "ratio": round(ex / fwd, 1),
+            "goal": "",
+        },
+        {
+            "what": "speed-up of the attribution over the exact sweep",
+            "seconds": "",
+            "ratio": round(ex / att, 1),
+            "goal": f">= {GOALS['speedup']}",
+        },
+    ]
 
 
 def memory_row(model, pairs, bs, prefill: str) -> dict:
@@ -97,15 +115,20 @@ def memory_row(model, pairs, bs, prefill: str) -> dict:
 
     def cached():
         with torch.inference_mode():
-            model.run_with_pass_caches(b.tokens, passes=pf.passes,
-                                       names_filter=site_names(model, KINDS))  # fmt: skip
+            model.run_with_pass_caches(
+                b.tokens, passes=pf.passes, names_filter=site_names(model, KINDS)
+            )
 
-    att = peak_tensor_memory(lambda: attribute(model, prefill=pf, kinds=KINDS, edges=False,
-                                               **inputs))  # fmt: skip
+    att = peak_tensor_memory(
+        lambda: attribute(model, prefill=pf, kinds=KINDS, edges=False, **inputs)
+    )
     ref = peak_tensor_memory(cached)
-    return {"what": "peak memory: attribution vs one cached clean run (MiB)",
-            "seconds": f"{att:.1f} vs {ref:.1f}", "ratio": round(att / ref, 2),
-            "goal": f"<= {GOALS['memory']}"}  # fmt: skip
+    return {
+        "what": "peak memory: attribution vs one cached clean run (MiB)",
+        "seconds": f"{att:.1f} vs {ref:.1f}",
+        "ratio": round(att / ref, 2),
+        "goal": f"<= {GOALS['memory']}",
+    }
 
 
 def agreement_rows(model_name: str, tasks, prefills, groups: int) -> list[dict]:
@@ -116,10 +139,16 @@ def agreement_rows(model_name: str, tasks, prefills, groups: int) -> list[dict]:
         for prefill in prefills:
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    _, _ = attribute_task(model=model_name, task=task, prefill=prefill,
-                                          kinds="resid,head,state,path", check="all",
-                                          groups=groups, data=None,
-                                          out=Path(tmp) / "a")  # fmt: skip
+                    _, _ = attribute_task(
+                        model=model_name,
+                        task=task,
+                        prefill=prefill,
+                        kinds="resid,head,state,path",
+                        check="all",
+                        groups=groups,
+                        data=None,
+                        out=Path(tmp) / "a",
+                    )
                 except ValueError as e:  # e.g. no aligned twins through this tokenizer
                     rows.append({"task": task, "prefill": prefill, "note": str(e)})
                     continue
@@ -127,13 +156,22 @@ def agreement_rows(model_name: str, tasks, prefills, groups: int) -> list[dict]:
             for scope in ("resid_head", "all"):
                 a = meta["agreement"][scope]
                 miss = a["misses"][0] if a["misses"] else {}
-                rows.append({"task": task, "prefill": prefill, "sites": scope,
-                             "checked": a["checked"], "rank_corr": round(a["rank_correlation"], 3),
-                             "top10_recall": round(a["top_k_recall"], 2),
-                             "hidden": a.get("hidden", 0),
-                             "largest_miss": f"{miss.get('pass')} {miss.get('site')} "
-                             f"{miss.get('positions')}: {miss.get('estimate', 0):.2f} vs "
-                             f"{miss.get('exact', 0):.2f}" if miss else ""})  # fmt: skip
+                rows.append(
+                    {
+                        "task": task,
+                        "prefill": prefill,
+                        "sites": scope,
+                        "checked": a["checked"],
+                        "rank_corr": round(a["rank_correlation"], 3),
+                        "top10_recall": round(a["top_k_recall"], 2),
+                        "hidden": a.get("hidden", 0),
+                        "largest_miss": f"{miss.get('pass')} {miss.get('site')} "
+                        f"{miss.get('positions')}: {miss.get('estimate', 0):.2f} vs "
+                        f"{miss.get('exact', 0):.2f}"
+                        if miss
+                        else "",
+                    }
+                )
     return rows
 
 
@@ -160,14 +198,42 @@ def main() -> None:
     print(table(rows, ["what", "seconds", "ratio", "goal"]))
     agree = []
     if args.agreement:
-        agree = agreement_rows(args.model, ("delayed_memory", "done_tracking"),
-                               ("recurrent", "full"), args.agreement_groups)  # fmt: skip
-        print(table(agree, ["task", "prefill", "sites", "checked", "rank_corr", "top10_recall",
-                            "hidden", "largest_miss", "note"]))  # fmt: skip
+        agree = agreement_rows(
+            args.model,
+            ("delayed_memory", "done_tracking"),
+            ("recurrent", "full"),
+            args.agreement_groups,
+        )
+        print(
+            table(
+                agree,
+                [
+                    "task",
+                    "prefill",
+                    "sites",
+                    "checked",
+                    "rank_corr",
+                    "top10_recall",
+                    "hidden",
+                    "largest_miss",
+                    "note",
+                ],
+            )
+        )
     stem = "attribution" if args.model == "default" else f"attribution_{Path(args.model).name}"
-    out = write_json(stem, {"model": name, "task": args.task, "prefill": args.prefill,
-                            "pairs": n, "goals": GOALS, "rows": rows, "agreement": agree,
-                            "machine": machine()})  # fmt: skip
+    out = write_json(
+        stem,
+        {
+            "model": name,
+            "task": args.task,
+            "prefill": args.prefill,
+            "pairs": n,
+            "goals": GOALS,
+            "rows": rows,
+            "agreement": agree,
+            "machine": machine(),
+        },
+    )
     print(f"wrote {out}")
 
 

@@ -60,7 +60,10 @@ def peak_tensor_memory(fn) -> float:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
-                    if e.self_cpu_memory_usage)  # fmt: skip
+    events = sorted(
+        (e.time_range.start, e.self_cpu_memory_usage)
+        for e in prof.events()
+        if e.self_cpu_memory_usage
+    )
     held = list(itertools.accumulate(m for _, m in events))
     return max([0, *held]) / 2**20

@@ -60,8 +60,15 @@ def train_cost() -> list[dict]:
                 train_step(models[d], models[d], draw, cfgs[d], World(), torch.device("cpu"))
             secs[d].append(time.perf_counter() - t0)
     base = np.array(secs["paper"])
-    return [{"design": d, "steps_timed": len(STEPS), "train_s": round(float(np.median(secs[d])), 2),
-             "vs_paper": round(float(np.median(np.array(secs[d]) / base)), 3)} for d in DESIGNS]  # fmt: skip
+    return [
+        {
+            "design": d,
+            "steps_timed": len(STEPS),
+            "train_s": round(float(np.median(secs[d])), 2),
+            "vs_paper": round(float(np.median(np.array(secs[d]) / base)), 3),
+        }
+        for d in DESIGNS
+    ]
 
 
 def main() -> None:
@@ -77,15 +84,31 @@ def main() -> None:
     rows = []
     for b in models:
         ratio = float(np.median(np.array(secs[b]) / np.array(secs[0])))
-        rows.append({"target": b, "blocks run per position": 4 - b,
-                     "recurrence_s": round(float(np.median(secs[b])), 3),
-                     "vs_target_0": round(ratio, 3), "blocks_ratio": round((4 - b) / 4, 3)})  # fmt: skip
+        rows.append(
+            {
+                "target": b,
+                "blocks run per position": 4 - b,
+                "recurrence_s": round(float(np.median(secs[b])), 3),
+                "vs_target_0": round(ratio, 3),
+                "blocks_ratio": round((4 - b) / 4, 3),
+            }
+        )
     print(table(rows, list(rows[0])))  # noqa: T201
     train_rows = train_cost()
     print(table(train_rows, list(train_rows[0])))  # noqa: T201
-    write_json("designs", {"machine": machine(), "batch": B, "tokens": T, "rounds": ROUNDS,
-                           "rows": rows, "train_steps": list(STEPS), "train_rounds": TRAIN_ROUNDS,
-                           "train_rows": train_rows})  # fmt: skip
+    write_json(
+        "designs",
+        {
+            "machine": machine(),
+            "batch": B,
+            "tokens": T,
+            "rounds": ROUNDS,
+            "rows": rows,
+            "train_steps": list(STEPS),
+            "train_rounds": TRAIN_ROUNDS,
+            "train_rows": train_rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,14 @@ def build(family: str):
     import transformers as tr
 
     torch.manual_seed(0)
-    size = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 1024,
-            "num_hidden_layers": 4, "num_attention_heads": 8, "max_position_embeddings": 1024}  # fmt: skip
+    size = {
+        "vocab_size": 2048,
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "max_position_embeddings": 1024,
+    }
     if family == "llama":
         hf = tr.LlamaForCausalLM(tr.LlamaConfig(num_key_value_heads=4, **size))
     elif family == "qwen2":
@@ -41,8 +47,9 @@ def build(family: str):
     elif family == "gpt_neox":
         hf = tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(**size))
     else:
-        hf = tr.GPT2LMHeadModel(tr.GPT2Config(vocab_size=2048, n_embd=256, n_layer=4, n_head=8,
-                                              n_positions=1024))  # fmt: skip
+        hf = tr.GPT2LMHeadModel(
+            tr.GPT2Config(vocab_size=2048, n_embd=256, n_layer=4, n_head=8, n_positions=1024)
+        )
     hf.eval()
     model = HFFeedbackModel(hf, hf_config_of(hf)).eval()
     init_fusion(model)
@@ -101,8 +108,9 @@ def train_rates(folder: str, steps: int = 4) -> list[dict]:
     for learn in ("fusion", "lora", "all"):
         cfg = named_config("upcycle-smollm2").with_overrides({"optim.learn": learn})
         if learn == "lora":  # the adapters the lora recipe trains
-            cfg = cfg.with_overrides({"optim.lora_rank": lora.lora_rank,
-                                      "optim.lora_targets": list(lora.lora_targets)})  # fmt: skip
+            cfg = cfg.with_overrides(
+                {"optim.lora_rank": lora.lora_rank, "optim.lora_targets": list(lora.lora_targets)}
+            )
         model = load_hf(folder, lora=lora_spec(cfg), keep_adapter=True).train()
         set_learning(model, learn)
         opt, stream = make_optimizer(model, cfg), cfg.stream()
@@ -118,13 +126,18 @@ def train_rates(folder: str, steps: int = 4) -> list[dict]:
             times.append(time.perf_counter() - t0)
             tokens.append(batch.n_tokens * draw.passes)
         sec = float(np.median(times[1:]))
-        rows.append({"learn": learn, "trainable": sum(p.numel() for p in model.parameters()
-                                                       if p.requires_grad),
-                     "s_per_step": round(sec, 2),
-                     "tokens_per_s": round(float(np.sum(tokens[1:]) / np.sum(times[1:]))),
-                     # the process's peak so far: each row runs after the ones before it
-                     "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                           / 2**20, 2)})  # fmt: skip
+        rows.append(
+            {
+                "learn": learn,
+                "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                "s_per_step": round(sec, 2),
+                "tokens_per_s": round(float(np.sum(tokens[1:]) / np.sum(times[1:]))),
+                # the process's peak so far: each row runs after the ones before it
+                "peak_rss_gib": round(
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2
+                ),
+            }
+        )
         del model, opt
     return rows
 
@@ -160,8 +173,7 @@ def main() -> None:
     print(
         f"\ngoals (pass 1 <= 1.05 x bare, k passes <= 1.05 x k single): {'met' if ok else 'missed'}"
     )
-    path = write_json("hf", {"machine": machine(), "batch": [B, T], "rows": rows,
-                             "goals_met": ok})  # fmt: skip
+    path = write_json("hf", {"machine": machine(), "batch": [B, T], "rows": rows, "goals_met": ok})
     print(f"wrote {path}")
 
 

@@ -20,8 +20,12 @@ from probes.intervene.run import run_battery
 from tasks.dataset import load
 from tasks.generate import DEFAULT_SEED, generate_dataset
 
-CELLS = (("delayed_memory", "recurrent"), ("done_tracking", "recurrent"),
-         ("multi_register", "recurrent"), ("done_tracking", "full"))  # fmt: skip
+CELLS = (
+    ("delayed_memory", "recurrent"),
+    ("done_tracking", "recurrent"),
+    ("multi_register", "recurrent"),
+    ("done_tracking", "full"),
+)
 GOAL = 40.0
 
 
@@ -44,20 +48,35 @@ def main() -> None:
             _, pairs, info = run_battery(model, ds, prefill, cache_dir=None)
             battery = time.perf_counter() - t0
             ratio = battery / unit
-            rows.append({
-                "battery": f"{task} {prefill}", "examples": f"{len(ds)} ({info['n_pairs']} with twins)",
-                "patched runs": info["patched_runs"], "unit (s)": round(unit, 2),
-                "battery (s)": round(battery, 1), "units": round(ratio, 1),
-                "goal": "met" if ratio <= GOAL else "missed",
-            })  # fmt: skip
-            cells.append({"task": task, "prefill": prefill, "n_examples": len(ds),
-                          "n_pairs": info["n_pairs"], "patched_runs": info["patched_runs"],
-                          "standard_extraction_s": unit, "battery_s": battery, "units": ratio,
-                          "seconds": info["seconds"]})  # fmt: skip
+            rows.append(
+                {
+                    "battery": f"{task} {prefill}",
+                    "examples": f"{len(ds)} ({info['n_pairs']} with twins)",
+                    "patched runs": info["patched_runs"],
+                    "unit (s)": round(unit, 2),
+                    "battery (s)": round(battery, 1),
+                    "units": round(ratio, 1),
+                    "goal": "met" if ratio <= GOAL else "missed",
+                }
+            )
+            cells.append(
+                {
+                    "task": task,
+                    "prefill": prefill,
+                    "n_examples": len(ds),
+                    "n_pairs": info["n_pairs"],
+                    "patched_runs": info["patched_runs"],
+                    "standard_extraction_s": unit,
+                    "battery_s": battery,
+                    "units": ratio,
+                    "seconds": info["seconds"],
+                }
+            )
     print(f"model {name}; unit = one standard-prefill extraction of the same dataset")
     print(table(rows, list(rows[0])))
-    out = write_json("intervene", {"machine": machine(), "model": name, "goal_units": GOAL,
-                                   "cells": cells})  # fmt: skip
+    out = write_json(
+        "intervene", {"machine": machine(), "model": name, "goal_units": GOAL, "cells": cells}
+    )
     print(f"\nwrote {out}")
 
 

@@ -41,8 +41,10 @@ def one_per_intervention(model, p, q, mode: str, n_steps: int) -> None:
     swap = {"fusion.hook_state": twin.states, "hook_embed": emb}
     for kind in KINDS:
         for s in range(1, n_steps):
-            hooks = [(site, at(lambda x, hook, v=swap[site][:, s - 1 : s]: v, decode_steps=s))
-                     for site in SITES[kind]]  # fmt: skip
+            hooks = [
+                (site, at(lambda x, hook, v=swap[site][:, s - 1 : s]: v, decode_steps=s))
+                for site in SITES[kind]
+            ]
             decode(model, p, mode, n_steps, fwd_hooks=hooks, keep_logits=True)
 
 
@@ -56,8 +58,9 @@ def main(argv=None) -> dict:
     counts = tuple(int(c) for c in args.counts.split(","))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = generate_dataset(args.task, Path(tmp) / "d.parquet", n_groups=32, distractors=counts,
-                                seed=11, twins=True)  # fmt: skip
+        path = generate_dataset(
+            args.task, Path(tmp) / "d.parquet", n_groups=32, distractors=counts, seed=11, twins=True
+        )
         ds = load(path)
         n_steps = len(ds.labels[0])
         for idx in by_length(ds, np.arange(len(ds)), 32):
@@ -70,16 +73,30 @@ def main(argv=None) -> dict:
                 bat = best_of(
                     lambda p=p, q=q, m=mode: closed_loop(model, p, q, m, n_steps), repeats=2
                 )
-                rows.append({"prompt": p.shape[1], "mode": mode, "batch": len(idx),
-                             "interventions": len(KINDS) * (n_steps - 1),
-                             "reference_s": round(ref, 3), "battery_s": round(bat, 3),
-                             "ratio": round(bat / ref, 3)})  # fmt: skip
+                rows.append(
+                    {
+                        "prompt": p.shape[1],
+                        "mode": mode,
+                        "batch": len(idx),
+                        "interventions": len(KINDS) * (n_steps - 1),
+                        "reference_s": round(ref, 3),
+                        "battery_s": round(bat, 3),
+                        "ratio": round(bat / ref, 3),
+                    }
+                )
     worst = max(r["ratio"] for r in rows)
     print(table(rows, list(rows[0])))
     print(f"\nworst ratio {worst:.3f} (goal: at most {GOAL}x generating once per intervention)")
-    doc = {"model": args.model, "task": args.task, "steps": n_steps, "rows": rows,
-           "worst_ratio": worst, "goal": GOAL, "machine": machine(),
-           "threads": torch.get_num_threads()}  # fmt: skip
+    doc = {
+        "model": args.model,
+        "task": args.task,
+        "steps": n_steps,
+        "rows": rows,
+        "worst_ratio": worst,
+        "goal": GOAL,
+        "machine": machine(),
+        "threads": torch.get_num_threads(),
+    }
     print(f"wrote {write_json('loop', doc)}")
     return doc
 

@@ -74,9 +74,17 @@ def build_folder(shape: str, out: Path) -> Path:
     if shape == "gpt2":  # GPT-2 small: 12 layers, 768 wide, 12 heads, its vocabulary
         hf = tr.GPT2LMHeadModel(tr.GPT2Config(n_layer=12, n_embd=768, n_head=12))
     else:  # a Llama of the same size class: 12 layers, 768 wide, GQA, 32k vocabulary
-        hf = tr.LlamaForCausalLM(tr.LlamaConfig(
-            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-            num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048))  # fmt: skip
+        hf = tr.LlamaForCausalLM(
+            tr.LlamaConfig(
+                vocab_size=32000,
+                hidden_size=768,
+                intermediate_size=2048,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                num_key_value_heads=4,
+                max_position_embeddings=2048,
+            )
+        )
     hf.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return out
@@ -98,16 +106,29 @@ def batches(folder: Path, task: str, n: int, tmp: Path):
     from tasks.generate import generate_dataset
 
     twins = task == "done_tracking"
-    ds = load_ds(generate_dataset(task, tmp / f"{task}.parquet", n_groups=n // len(COUNTS),
-                                  distractors=COUNTS, seed=7, tokenizer=folder, twins=twins))  # fmt: skip
+    ds = load_ds(
+        generate_dataset(
+            task,
+            tmp / f"{task}.parquet",
+            n_groups=n // len(COUNTS),
+            distractors=COUNTS,
+            seed=7,
+            tokenizer=folder,
+            twins=twins,
+        )
+    )
     if not twins:
         seqs = [np.asarray(ds.token_ids[i][: int(ds.colon_index[i]) + 1]) for i in range(len(ds))]
         at = ds.colon_index.astype(int)
         return _cut([(s, a, 0, None, 0) for s, a in zip(seqs, at, strict=True)])
     p = pairs_of(ds)
     keep = np.flatnonzero(p.shift == 0)
-    return _cut([(p.tokens[i], int(p.answer[i]), int(p.clean_id[i]), p.twin_tokens[i],
-                  int(p.twin_id[i])) for i in keep])  # fmt: skip
+    return _cut(
+        [
+            (p.tokens[i], int(p.answer[i]), int(p.clean_id[i]), p.twin_tokens[i], int(p.twin_id[i]))
+            for i in keep
+        ]
+    )
 
 
 def _cut(items):
@@ -119,8 +140,9 @@ def _cut(items):
         toks = torch.tensor(np.stack([_pad(x[0], T) for x in part]))
         twin = None if part[0][3] is None else torch.tensor(np.stack([_pad(x[3], T) for x in part]))
         at = torch.tensor([x[1] for x in part])
-        out.append((toks, at, torch.tensor([x[2] for x in part]), twin,
-                    torch.tensor([x[4] for x in part])))  # fmt: skip
+        out.append(
+            (toks, at, torch.tensor([x[2] for x in part]), twin, torch.tensor([x[4] for x in part]))
+        )
     return out
 
 
@@ -326,9 +348,16 @@ def child(folder: Path, tool: str, job: str, n: int, out: Path) -> None:
         run()
         times.append(time.perf_counter() - t0)
     np.save(out.with_suffix(".npy"), result.float().numpy())
-    out.write_text(json.dumps({"seconds": statistics.median(times), "times": times,
-                               "beyond_model_mb": (mem.peak - mem.base) / 2**20,
-                               "n": int(result.shape[-2] if job == "extract" else len(result))}))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "seconds": statistics.median(times),
+                "times": times,
+                "beyond_model_mb": (mem.peak - mem.base) / 2**20,
+                "n": int(result.shape[-2] if job == "extract" else len(result)),
+            }
+        )
+    )
 
 
 def measure(folder: Path, tool: str, job: str, n: int, tmp: Path) -> dict:
@@ -358,12 +387,24 @@ def compare(name: str, folder: Path, n: int, tmp: Path) -> list[dict]:
                 continue
             # the last depth is left out: transformers gives it after the final norm
             cut = (slice(None, -1),) if job == "extract" else (slice(None),)
-            diff = (float(np.abs(g["result"][cut] - ref[cut]).max())
-                    if ref is not None and not t.endswith("k2") else None)  # fmt: skip
-            rows.append({**row, "seconds": round(g["seconds"], 3), "beyond_model_mb": round(g["beyond_model_mb"], 1),
-                         "time_vs_best_peer": round(g["seconds"] / best_t, 2) if best_t else None,
-                         "memory_vs_best_peer": round(g["beyond_model_mb"] / max(best_m, 1e-9), 2) if best_m else None,
-                         "max_abs_diff_vs_transformers": diff, "n": g["n"]})  # fmt: skip
+            diff = (
+                float(np.abs(g["result"][cut] - ref[cut]).max())
+                if ref is not None and not t.endswith("k2")
+                else None
+            )
+            rows.append(
+                {
+                    **row,
+                    "seconds": round(g["seconds"], 3),
+                    "beyond_model_mb": round(g["beyond_model_mb"], 1),
+                    "time_vs_best_peer": round(g["seconds"] / best_t, 2) if best_t else None,
+                    "memory_vs_best_peer": round(g["beyond_model_mb"] / max(best_m, 1e-9), 2)
+                    if best_m
+                    else None,
+                    "max_abs_diff_vs_transformers": diff,
+                    "n": g["n"],
+                }
+            )
     return rows
 
 
@@ -383,8 +424,10 @@ def main() -> None:
             if name == "smollm2":
                 folder = ROOT / "models" / "smollm2"
                 if not (folder / "config.json").is_file():
-                    notes.append("smollm2 skipped: convert it first (fbt-probe convert --gguf "
-                                 "smollm2 --out models/smollm2)")  # fmt: skip
+                    notes.append(
+                        "smollm2 skipped: convert it first (fbt-probe convert --gguf "
+                        "smollm2 --out models/smollm2)"
+                    )
                     continue
             else:
                 folder = build_folder(name, tmp / name)
@@ -392,13 +435,31 @@ def main() -> None:
             print(table([r for r in rows if r["model"] == name], COLUMNS), flush=True)
     for line in notes:
         print(line)
-    out = write_json("peers", {"prompts": a.n, "counts": COUNTS, "batch": BATCH, "rows": rows,
-                               "notes": notes, "machine": machine()})  # fmt: skip
+    out = write_json(
+        "peers",
+        {
+            "prompts": a.n,
+            "counts": COUNTS,
+            "batch": BATCH,
+            "rows": rows,
+            "notes": notes,
+            "machine": machine(),
+        },
+    )
     print(f"wrote {out}")
 
 
-COLUMNS = ["model", "job", "tool", "seconds", "beyond_model_mb", "time_vs_best_peer",
-           "memory_vs_best_peer", "max_abs_diff_vs_transformers", "error"]  # fmt: skip
+COLUMNS = [
+    "model",
+    "job",
+    "tool",
+    "seconds",
+    "beyond_model_mb",
+    "time_vs_best_peer",
+    "memory_vs_best_peer",
+    "max_abs_diff_vs_transformers",
+    "error",
+]
 
 
 if __name__ == "__main__":

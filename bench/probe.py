@@ -41,8 +41,17 @@ def main() -> None:
         t_full = best_of(lambda: extract_features(model, ds, "full"), repeats=1, warmup=0)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        df = run_fit(model, name, TASK_NAMES, ("standard", "recurrent", "full"), data, Path(tmp) / "res",
-                     controls=False, per_count=False, cache_dir=None)  # fmt: skip
+        df = run_fit(
+            model,
+            name,
+            TASK_NAMES,
+            ("standard", "recurrent", "full"),
+            data,
+            Path(tmp) / "res",
+            controls=False,
+            per_count=False,
+            cache_dir=None,
+        )
         grid_s = time.perf_counter() - t0
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rows = [
@@ -60,10 +69,23 @@ def main() -> None:
         f"model {name}; 3 tasks x 3 prefills x {model.cfg.n_layers + 1} depths, nested grouped CV, 1024 examples per task"
     )
     print(table(rows, ["what", "seconds"]))
-    out = write_json("probe", {"machine": machine(), "model": name, "extract_standard_s": t_std, "extract_recurrent_s": t_rec,
-                               "extract_full_s": t_full, "recurrent_over_standard": t_rec / t_std, "grid_seconds": grid_s,
-                               "grid_cells": len(df), "peak_rss_mb": max(rss0, rss1) / 1024,
-                               "mean_layer0_recurrent": float(np.mean(df[(df.depth == 0) & (df.prefill == "recurrent")].accuracy))})  # fmt: skip
+    out = write_json(
+        "probe",
+        {
+            "machine": machine(),
+            "model": name,
+            "extract_standard_s": t_std,
+            "extract_recurrent_s": t_rec,
+            "extract_full_s": t_full,
+            "recurrent_over_standard": t_rec / t_std,
+            "grid_seconds": grid_s,
+            "grid_cells": len(df),
+            "peak_rss_mb": max(rss0, rss1) / 1024,
+            "mean_layer0_recurrent": float(
+                np.mean(df[(df.depth == 0) & (df.prefill == "recurrent")].accuracy)
+            ),
+        },
+    )
     print(f"\nwrote {out}")
 
 

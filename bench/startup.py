@@ -35,21 +35,30 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another checkout whose cli.py is timed too")
     args = ap.parse_args()
     py = sys.executable
-    runs = {"python -c pass": ([py, "-c", "pass"], ROOT),
-            "fbt-probe --help": ([py, "cli.py", "--help"], ROOT),
-            "fbt-probe fit --help": ([py, "cli.py", "fit", "--help"], ROOT)}  # fmt: skip
+    runs = {
+        "python -c pass": ([py, "-c", "pass"], ROOT),
+        "fbt-probe --help": ([py, "cli.py", "--help"], ROOT),
+        "fbt-probe fit --help": ([py, "cli.py", "fit", "--help"], ROOT),
+    }
     if args.baseline:
         runs["baseline --help"] = ([py, str(args.baseline / "cli.py"), "--help"], args.baseline)
-        runs["baseline fit --help"] = ([py, str(args.baseline / "cli.py"), "fit", "--help"],
-                                       args.baseline)  # fmt: skip
+        runs["baseline fit --help"] = (
+            [py, str(args.baseline / "cli.py"), "fit", "--help"],
+            args.baseline,
+        )
     seconds = {k: [] for k in runs}
     for _ in range(ROUNDS):
         for name, (argv, cwd) in runs.items():
             seconds[name].append(timed(argv, cwd))
     ref = np.array(seconds["fbt-probe --help"])
-    rows = [{"command": k, "ms (median)": round(1e3 * float(np.median(v)), 1),
-             "ratio to --help": round(float(np.median(np.array(v) / ref)), 3)}
-            for k, v in seconds.items()]  # fmt: skip
+    rows = [
+        {
+            "command": k,
+            "ms (median)": round(1e3 * float(np.median(v)), 1),
+            "ratio to --help": round(float(np.median(np.array(v) / ref)), 3),
+        }
+        for k, v in seconds.items()
+    ]
     print(table(rows, ["command", "ms (median)", "ratio to --help"]))
     write_json("startup", {"machine": machine(), "rounds": ROUNDS, "rows": rows})
 

@@ -129,19 +129,29 @@ def representative_steps(cfg, model, opt) -> dict:
     for d in draws:
         lens = [len(ex.tokens) for ex in d.examples]
         for p in step_parts(len(lens), lens, cfg, World()):
-            shapes.append((len(p), max(lens[i] for i in p), d.passes,
-                           d.passes if d.warm else d.passes - 1))  # fmt: skip
+            shapes.append(
+                (len(p), max(lens[i] for i in p), d.passes, d.passes if d.warm else d.passes - 1)
+            )
             if d.warm:
                 mb = make_batch([d.examples[i] for i in p])
                 t0 = time.perf_counter()
                 warm_states(model, mb, d.warm, cfg.fixed_point.exact)
                 warm_s += time.perf_counter() - t0
 
-    return {"steps": picks, "fixed_point_steps": sum(d.warm > 0 for d in draws),
-            "passes": [d.passes for d in draws], "seconds": secs["buckets"],
-            "seconds_one_batch": secs["one_batch"], "useful_flops": flops, "useful_grad_flops": grad, "real_tokens": real,
-            "padded_tokens": padded(cfg), "padded_tokens_one_batch": padded(variants["one_batch"]),
-            "warm_states_s": warm_s, "shapes": shapes}  # fmt: skip
+    return {
+        "steps": picks,
+        "fixed_point_steps": sum(d.warm > 0 for d in draws),
+        "passes": [d.passes for d in draws],
+        "seconds": secs["buckets"],
+        "seconds_one_batch": secs["one_batch"],
+        "useful_flops": flops,
+        "useful_grad_flops": grad,
+        "real_tokens": real,
+        "padded_tokens": padded(cfg),
+        "padded_tokens_one_batch": padded(variants["one_batch"]),
+        "warm_states_s": warm_s,
+        "shapes": shapes,
+    }
 
 
 def shape_ceiling(cfg, sample: dict, peak: float) -> dict:
@@ -167,8 +177,9 @@ def shape_ceiling(cfg, sample: dict, peak: float) -> dict:
         key = ("mm", n, i, o)
         if key not in cache:  # weights stored (out, in) as the model's, used as x @ W.T
             x, w, dy = torch.randn(n, i), torch.randn(o, i), torch.randn(n, o)
-            cache[key] = sum(best_of(f, repeats=3) for f in (
-                lambda: x @ w.T, lambda: dy @ w, lambda: dy.T @ x))  # fmt: skip
+            cache[key] = sum(
+                best_of(f, repeats=3) for f in (lambda: x @ w.T, lambda: dy @ w, lambda: dy.T @ x)
+            )
         return cache[key]
 
     def attn_time(b, t):  # forward and backward of the causal attention of one layer
@@ -194,8 +205,10 @@ def shape_ceiling(cfg, sample: dict, peak: float) -> dict:
         attn_flops += 3 * passes * 2 * 2 * L * D * t * (t + 1) / 2 * b
     secs = mm_s + attn_s
     return {
-        "buckets": len(sample["shapes"]), "sample_s": round(sample["seconds"], 2),
-        "warm_states_s": round(sample["warm_states_s"], 2), "ops_alone_s": round(secs, 2),
+        "buckets": len(sample["shapes"]),
+        "sample_s": round(sample["seconds"], 2),
+        "warm_states_s": round(sample["warm_states_s"], 2),
+        "ops_alone_s": round(secs, 2),
         "attention_share_of_time": round(attn_s / secs, 3),
         "matmuls_fraction_of_peak": round(mm_flops / mm_s / peak, 3),
         "attention_fraction_of_peak": round(attn_flops / attn_s / peak, 3),
@@ -203,7 +216,7 @@ def shape_ceiling(cfg, sample: dict, peak: float) -> dict:
         "useful_ceiling_fraction_of_peak": round(sample["useful_grad_flops"] / secs / peak, 3),
         "ops_flops": mm_flops + attn_flops,
         "wall_speedup_bound": round(sample["seconds"] / (secs + sample["warm_states_s"]), 3),
-    }  # fmt: skip
+    }
 
 
 FP_EVERY = 8  # every 8th fixed-point step of the default schedule is timed
@@ -232,8 +245,10 @@ def warm_up_share(cfg, model) -> dict:
         lens = example_lengths(d.examples, None)
         parts = step_parts(len(lens), lens, cfg, World())
         t0 = time.perf_counter()
-        per_part = [warm_states(model, make_batch([d.examples[i] for i in idx]), d.warm, True)
-                    for idx in parts]  # fmt: skip
+        per_part = [
+            warm_states(model, make_batch([d.examples[i] for i in idx]), d.warm, True)
+            for idx in parts
+        ]
         t1 = time.perf_counter()
         merged = warm_states(model, make_batch(d.examples), d.warm, True)
         t2 = time.perf_counter()
@@ -246,12 +261,15 @@ def warm_up_share(cfg, model) -> dict:
         for idx, st in zip(parts, per_part, strict=True):
             bitwise &= torch.equal(st, merged[idx][:, : st.shape[1]])
     k = len(fp) / len(fp[::FP_EVERY])
-    return {"fixed_point_steps": len(fp), "timed": len(fp[::FP_EVERY]),
-            "fixed_point_steps_s": round(secs["step"] * k, 1),
-            "warm_states_s": round(secs["warm"] * k, 1),
-            "merged_warm_states_s": round(secs["merged"] * k, 1),
-            "merged_speedup_of_warm_states": round(secs["warm"] / secs["merged"], 3),
-            "merged_bitwise": bool(bitwise)}  # fmt: skip
+    return {
+        "fixed_point_steps": len(fp),
+        "timed": len(fp[::FP_EVERY]),
+        "fixed_point_steps_s": round(secs["step"] * k, 1),
+        "warm_states_s": round(secs["warm"] * k, 1),
+        "merged_warm_states_s": round(secs["merged"] * k, 1),
+        "merged_speedup_of_warm_states": round(secs["warm"] / secs["merged"], 3),
+        "merged_bitwise": bool(bitwise),
+    }
 
 
 def run_bound(cfg, ceiling: dict, warm: dict) -> dict:
@@ -290,9 +308,14 @@ def distributed_throughput() -> list[dict]:
         spawn_local(_train_part, 2, str(Path(tmp) / "two"), threads=1)
         for name, sub in (("1 process x 2 threads", "one"), ("2 gloo processes x 1 thread", "two")):
             m = json.loads((Path(tmp) / sub / "metrics.json").read_text())
-            rows.append({"run": name, "steps": m["steps_done"],
-                         "wall_s": round(m["wall_seconds_this_call"], 1),
-                         "tokens_per_s": round(m["tokens_per_second"])})  # fmt: skip
+            rows.append(
+                {
+                    "run": name,
+                    "steps": m["steps_done"],
+                    "wall_s": round(m["wall_seconds_this_call"], 1),
+                    "tokens_per_s": round(m["tokens_per_second"]),
+                }
+            )
     for r in rows:
         r["vs_one_process"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
     return rows
@@ -347,11 +370,16 @@ def main() -> None:
     rows, t1 = [], best[1]
     for k, t in best.items():
         fl = k * step_flops(cfg, batch)
-        rows.append({
-            "passes": k, "step_s": round(t, 4), "tokens_per_s": round(batch.n_tokens / t),
-            "pass_tokens_per_s": round(k * batch.n_tokens / t), "achieved_gflops": round(fl / t / 1e9, 1),
-            "cost_vs_k_single": round(t / (k * t1), 3),
-        })  # fmt: skip
+        rows.append(
+            {
+                "passes": k,
+                "step_s": round(t, 4),
+                "tokens_per_s": round(batch.n_tokens / t),
+                "pass_tokens_per_s": round(k * batch.n_tokens / t),
+                "achieved_gflops": round(fl / t / 1e9, 1),
+                "cost_vs_k_single": round(t / (k * t1), 3),
+            }
+        )
     peak = max(peak_before, matmul_flops())
     for r in rows:
         r["fraction_of_matmul_peak"] = round(r["achieved_gflops"] * 1e9 / peak, 3)
@@ -362,10 +390,12 @@ def main() -> None:
     print(table(rows, list(rows[0])))
     t_plain = best.get(g) or g * t1
     fp = {
-        "fp_passes": g, "step_s": round(best_fp, 4), "warm_s": round(best_warm, 4),
+        "fp_passes": g,
+        "step_s": round(best_fp, 4),
+        "warm_s": round(best_warm, 4),
         "warm_share": round(best_warm / best_fp, 3),
         f"cost_vs_{g}_pass_step": round(best_fp / t_plain, 3),
-    }  # fmt: skip
+    }
     print(
         f"\nfixed-point step (exact warm states without gradient + {g} passes with it), same batch"
     )
@@ -374,16 +404,22 @@ def main() -> None:
     peak = max(peak, matmul_flops())
     useful = sample["useful_flops"] / sample["seconds"] / peak
     srows = []
-    for name, key, pad in (("length buckets (the recipe)", "seconds", "padded_tokens"),
-                           ("one batch per step", "seconds_one_batch", "padded_tokens_one_batch")):  # fmt: skip
-        srows.append({
-            "layout": name, "steps": SAMPLE_STEPS, "fixed_point": sample["fixed_point_steps"],
-            "seconds": round(sample[key], 2),
-            "real_tokens_share": round(sample["real_tokens"] / sample[pad], 3),
-            "useful_gflops": round(sample["useful_flops"] / sample[key] / 1e9, 1),
-            "useful_fraction_of_peak": round(sample["useful_flops"] / sample[key] / peak, 3),
-            "speedup": round(sample["seconds_one_batch"] / sample[key], 3),
-        })  # fmt: skip
+    for name, key, pad in (
+        ("length buckets (the recipe)", "seconds", "padded_tokens"),
+        ("one batch per step", "seconds_one_batch", "padded_tokens_one_batch"),
+    ):
+        srows.append(
+            {
+                "layout": name,
+                "steps": SAMPLE_STEPS,
+                "fixed_point": sample["fixed_point_steps"],
+                "seconds": round(sample[key], 2),
+                "real_tokens_share": round(sample["real_tokens"] / sample[pad], 3),
+                "useful_gflops": round(sample["useful_flops"] / sample[key] / 1e9, 1),
+                "useful_fraction_of_peak": round(sample["useful_flops"] / sample[key] / peak, 3),
+                "speedup": round(sample["seconds_one_batch"] / sample[key], 3),
+            }
+        )
     srow = srows[0]
     print(
         f"\n{SAMPLE_STEPS} training steps drawn evenly across the default schedule (their own "
@@ -419,12 +455,19 @@ def main() -> None:
     path = write_json(
         "train",
         {
-            "machine": machine(), "matmul_peak_gflops": peak / 1e9, "batch": [B, T],
-            "rows": rows, "fixed_point_step": fp, "distributed": dist_rows,
-            "useful_fraction_of_peak": useful, "representative_steps": {**sample, **srow}, "layouts": srows,
-            "fixed_point_run": warm, "shape_ceiling": ceiling,
+            "machine": machine(),
+            "matmul_peak_gflops": peak / 1e9,
+            "batch": [B, T],
+            "rows": rows,
+            "fixed_point_step": fp,
+            "distributed": dist_rows,
+            "useful_fraction_of_peak": useful,
+            "representative_steps": {**sample, **srow},
+            "layouts": srows,
+            "fixed_point_run": warm,
+            "shape_ceiling": ceiling,
         },
-    )  # fmt: skip
+    )
     print(f"\nwrote {path}")
 
 

@@ -28,19 +28,28 @@ def tutorial_markdown(script: Path) -> str:
             parts.append(cell.source)
         elif cell.source.strip():
             parts.append(f"```python\n{cell.source}\n```")
-    links = (f"*Run it:* `python docs/tutorials/{script.name}`, or open "
-             f"[the notebook]({script.stem}.ipynb) in Jupyter.")  # fmt: skip
+    links = (
+        f"*Run it:* `python docs/tutorials/{script.name}`, or open "
+        f"[the notebook]({script.stem}.ipynb) in Jupyter."
+    )
     first, _, rest = "\n\n".join(parts).partition("\n")
     return f"{first}\n\n{links}\n{rest}\n"
 
 
 def on_files(files, config):
     for png in sorted((ROOT / "figures").rglob("*.png")):
-        files.append(File(str(png.relative_to(ROOT)), str(ROOT), config["site_dir"],
-                          config["use_directory_urls"]))  # fmt: skip
+        files.append(
+            File(
+                str(png.relative_to(ROOT)),
+                str(ROOT),
+                config["site_dir"],
+                config["use_directory_urls"],
+            )
+        )
     for script in sorted(TUTORIALS.glob("[0-9]*.py")):
-        files.append(File.generated(config, f"tutorials/{script.stem}.md",
-                                    content=tutorial_markdown(script)))  # fmt: skip
+        files.append(
+            File.generated(config, f"tutorials/{script.stem}.md", content=tutorial_markdown(script))
+        )
     return files
 
 

@@ -107,8 +107,15 @@ def _joined(pieces: list) -> torch.Tensor:
     return torch.cat(lead + [x for _, x in pieces], dim=dim)
 
 
-def _run(model: FeedbackModel, tokens: torch.Tensor, prefill: Prefill, names: list[str],
-         grad: bool, embed: Callable | None = None, backward: Callable | None = None):  # fmt: skip
+def _run(
+    model: FeedbackModel,
+    tokens: torch.Tensor,
+    prefill: Prefill,
+    names: list[str],
+    grad: bool,
+    embed: Callable | None = None,
+    backward: Callable | None = None,
+):
     """The prefill on ``tokens`` with the activations ``names`` kept per pass: (output, pieces),
     or what ``backward(output, pieces)`` returns. With ``grad`` the embeddings become the
     graph's leaf, so every kept activation has a gradient and no weight does; ``embed`` maps
@@ -203,10 +210,17 @@ def site_names(model: FeedbackModel, kinds: Iterable[str], edges: bool = False) 
     return list(dict.fromkeys(names))
 
 
-def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
-              clean_id: torch.Tensor, twin_id: torch.Tensor, prefill: Prefill,
-              names: list[str], ig_steps: int = 0,
-              twin_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, dict]:  # fmt: skip
+def gradients(
+    model: FeedbackModel,
+    tokens: torch.Tensor,
+    answer: torch.Tensor,
+    clean_id: torch.Tensor,
+    twin_id: torch.Tensor,
+    prefill: Prefill,
+    names: list[str],
+    ig_steps: int = 0,
+    twin_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict, dict]:
     """One clean run of ``prefill`` and its backward pass: the logit difference (batch,), and
     the activations of the hooks ``names`` with the gradient of the summed logit difference,
     each {(hook, pass): (batch, pos, ...)} (pass counted from 1; None in the recurrence, whose
@@ -222,8 +236,16 @@ def gradients(model: FeedbackModel, tokens: torch.Tensor, answer: torch.Tensor,
     total = None
     for k in range(ig_steps):
         a = (k + 0.5) / ig_steps
-        _, _, g = _gradients(model, tokens, answer, clean_id, twin_id, prefill, names,
-                             embed=lambda x, a=a: e_clean + a * (e_twin - e_clean))  # fmt: skip
+        _, _, g = _gradients(
+            model,
+            tokens,
+            answer,
+            clean_id,
+            twin_id,
+            prefill,
+            names,
+            embed=lambda x, a=a: e_clean + a * (e_twin - e_clean),
+        )
         total = g if total is None else {n: total[n] + g[n] for n in total}
     with torch.no_grad():  # the clean activations and answer, from the clean run itself
         out, store = _run(model, tokens, prefill, names, grad=False)
@@ -241,8 +263,12 @@ def _gradients(model, tokens, answer, clean_id, twin_id, prefill, names, embed=N
         for k, pieces in store.items():
             gs = [next(grads) for _ in pieces]
             clean[k] = _joined([(o, x.detach()) for o, x in pieces])
-            grad[k] = _joined([(o, torch.zeros_like(x) if g is None else g)
-                               for (o, x), g in zip(pieces, gs, strict=True)])  # fmt: skip
+            grad[k] = _joined(
+                [
+                    (o, torch.zeros_like(x) if g is None else g)
+                    for (o, x), g in zip(pieces, gs, strict=True)
+                ]
+            )
         return ld.detach(), clean, grad
 
     was = [p.requires_grad for p in model.parameters()]
@@ -255,11 +281,21 @@ def _gradients(model, tokens, answer, clean_id, twin_id, prefill, names, embed=N
             p.requires_grad_(w)
 
 
-def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Tensor,
-              answer: torch.Tensor, clean_id: torch.Tensor, twin_id: torch.Tensor,
-              prefill: Prefill, columns: dict[str, torch.Tensor], after: torch.Tensor,
-              kinds: Iterable[str] = KINDS, edges: bool = False, qk_fix: bool = True,
-              ig_steps: int = 0) -> BatchAttribution:  # fmt: skip
+def attribute(
+    model: FeedbackModel,
+    tokens: torch.Tensor,
+    twin_tokens: torch.Tensor,
+    answer: torch.Tensor,
+    clean_id: torch.Tensor,
+    twin_id: torch.Tensor,
+    prefill: Prefill,
+    columns: dict[str, torch.Tensor],
+    after: torch.Tensor,
+    kinds: Iterable[str] = KINDS,
+    edges: bool = False,
+    qk_fix: bool = True,
+    ig_steps: int = 0,
+) -> BatchAttribution:
     """Estimate every site of ``kinds`` in every pass of ``prefill`` for one batch of aligned
     twins (``twin_tokens`` line up with ``tokens`` position by position).
 
@@ -270,13 +306,16 @@ def attribute(model: FeedbackModel, tokens: torch.Tensor, twin_tokens: torch.Ten
     kinds = tuple(kinds)
     names = site_names(model, kinds, edges)
     if edges and edge_layout(model) is None:
-        raise ValueError(f"{getattr(model, 'loaded_as', 'this model')}: edges need a sequential "
-                         "pre-norm layout (each branch's input, heads that write through an "
-                         "output projection without a bias) and feedback into block 0")  # fmt: skip
+        raise ValueError(
+            f"{getattr(model, 'loaded_as', 'this model')}: edges need a sequential "
+            "pre-norm layout (each branch's input, heads that write through an "
+            "output projection without a bias) and feedback into block 0"
+        )
     if prefill.passes is None or not qk_fix:  # the QK fix needs a whole pass's pattern
         names = [n for n in names if n != PATTERN]
-    ld, clean, grad = gradients(model, tokens, answer, clean_id, twin_id, prefill, names,
-                                ig_steps, twin_tokens)  # fmt: skip
+    ld, clean, grad = gradients(
+        model, tokens, answer, clean_id, twin_id, prefill, names, ig_steps, twin_tokens
+    )
     with torch.inference_mode():
         twin_out, tstore = _run(model, twin_tokens, prefill, names, grad=False)
         ld_twin = logit_diff(twin_out, answer, clean_id, twin_id)
@@ -332,8 +371,10 @@ def _path_estimates(model, tokens, prefill, clean, grad, twin, after, result, qk
             delta, g = swapped[name] - clean[(name, p)], grad[(name, p)]
             fix = qk_fix and prefill.passes is not None and not name.endswith("hook_v")
             if fix:  # the clean state, only this name's q (k) swapped, at the patched positions
-                hooks = [(STATE, _put(clean[(STATE, p)], everywhere)),
-                         (name, _put(swapped[name], after))]  # fmt: skip
+                hooks = [
+                    (STATE, _put(clean[(STATE, p)], everywhere)),
+                    (name, _put(swapped[name], after)),
+                ]
                 new = _block0(model, emb, plain, p, hooks, [pat])[pat]
                 dA = (new - clean[(pat, p)]) * grad[(pat, p)]  # (batch, head, query, key)
                 rows = after if name.endswith("hook_q") else everywhere

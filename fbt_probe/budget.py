@@ -64,6 +64,8 @@ def check_work(model, token_passes: float, options: str, what: str) -> float:
     ``options`` (as the user spelled them) and ``what`` they ask for. Returns the estimate."""
     s = seconds(model, token_passes)
     if s > LIMIT_SECONDS:
-        raise ValueError(f"{options}: {what} would take about {say(s)} on this machine, "
-                         f"more than the {say(LIMIT_SECONDS)} an analysis may; ask for less")  # fmt: skip
+        raise ValueError(
+            f"{options}: {what} would take about {say(s)} on this machine, "
+            f"more than the {say(LIMIT_SECONDS)} an analysis may; ask for less"
+        )
     return s

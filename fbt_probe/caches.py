@@ -123,5 +123,6 @@ class PassCaches:
 
     def __getitem__(self, i):
         hint = f"caches.of_pass({i + 1})" if isinstance(i, int) and i >= 0 else "caches.last"
-        raise TypeError(f"caches[{i}] counted passes from 0 and is gone: use {hint} (passes "
-                        "are counted from 1)")  # fmt: skip
+        raise TypeError(
+            f"caches[{i}] counted passes from 0 and is gone: use {hint} (passes are counted from 1)"
+        )

@@ -18,8 +18,12 @@ def param_formula(cfg: FBTConfig) -> dict[str, int]:
     # W_U and the norm exist for every option (with "none" they are never called); W_G only
     # for the gated fusion
     fusion = (2 if cfg.fusion == "gated" else 1) * D * D + D
-    return {"embedding": V * D, "blocks": L * (4 * D * D + 2 * D * F + 2 * D),
-            "final_norm": D, "fusion": fusion}  # fmt: skip
+    return {
+        "embedding": V * D,
+        "blocks": L * (4 * D * D + 2 * D * F + 2 * D),
+        "final_norm": D,
+        "fusion": fusion,
+    }
 
 
 def count_on_meta(cfg: FBTConfig) -> int:

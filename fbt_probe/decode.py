@@ -35,9 +35,19 @@ class Decoded:
     logits: torch.Tensor | None = None
 
 
-def decode_steps(model: FeedbackModel, mode: DecodeMode, cache, prompt_len: int, tok: torch.Tensor,
-                 h: torch.Tensor, first: int, stop: int, temperature: float = 0.0, generator=None,
-                 keep_logits: bool = False) -> Decoded:  # fmt: skip
+def decode_steps(
+    model: FeedbackModel,
+    mode: DecodeMode,
+    cache,
+    prompt_len: int,
+    tok: torch.Tensor,
+    h: torch.Tensor,
+    first: int,
+    stop: int,
+    temperature: float = 0.0,
+    generator=None,
+    keep_logits: bool = False,
+) -> Decoded:
     """Decoding steps ``first`` .. ``stop - 1`` after a prompt of ``prompt_len`` positions whose
     keys and values (and those of every step before ``first``) are in ``cache``: step s reads
     token s - 1 (``tok``, (batch,)) at position prompt_len + s - 1, fused with its top state
@@ -49,8 +59,15 @@ def decode_steps(model: FeedbackModel, mode: DecodeMode, cache, prompt_len: int,
         model.set_context(None, pos, pos, decode_step=s)
         e = model.embed(tok[:, None])
         carry = h if mode.soft else None  # fused with the previous step's state
-        out = model.feedback_pass(e, carry=carry, first_position=pos, cache=cache,
-                                  pass_number=None, step=pos, decode_step=s)  # fmt: skip
+        out = model.feedback_pass(
+            e,
+            carry=carry,
+            first_position=pos,
+            cache=cache,
+            pass_number=None,
+            step=pos,
+            decode_step=s,
+        )
         h, last = out.states, out.logits[:, -1]
         tok = _pick(last, temperature, generator)
         new.append(tok)
@@ -58,15 +75,25 @@ def decode_steps(model: FeedbackModel, mode: DecodeMode, cache, prompt_len: int,
         if keep_logits:
             logits.append(last)
     B, D = h.shape[0], h.shape[-1]
-    return Decoded(torch.stack(new, 1) if new else tok.new_zeros(B, 0),
-                   torch.cat(states, 1) if states else h.new_zeros(B, 0, D),
-                   torch.stack(logits, 1) if logits else None)  # fmt: skip
+    return Decoded(
+        torch.stack(new, 1) if new else tok.new_zeros(B, 0),
+        torch.cat(states, 1) if states else h.new_zeros(B, 0, D),
+        torch.stack(logits, 1) if logits else None,
+    )
 
 
 @torch.no_grad()
-def decode(model: FeedbackModel, prompt: torch.Tensor, mode: str | DecodeMode = "soft",
-           max_new_tokens: int = 1, temperature: float = 0.0, seed: int | None = None,
-           fwd_hooks=(), keep_logits: bool = False, cache=None) -> Decoded:  # fmt: skip
+def decode(
+    model: FeedbackModel,
+    prompt: torch.Tensor,
+    mode: str | DecodeMode = "soft",
+    max_new_tokens: int = 1,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    fwd_hooks=(),
+    keep_logits: bool = False,
+    cache=None,
+) -> Decoded:
     """Continue equal-length prompts (batch, pos) by ``max_new_tokens`` tokens (greedy when
     ``temperature`` is 0) and return every step's token, top state and (``keep_logits``)
     logits. ``fwd_hooks`` ((name, fn) pairs, as TransformerLens's ``run_with_hooks`` takes)
@@ -86,11 +113,13 @@ def decode(model: FeedbackModel, prompt: torch.Tensor, mode: str | DecodeMode = 
         out = mode.prefill.run(model, prompt, cache).out
         h, first = out.states[:, -1:], out.logits[:, -1]  # (batch, 1, d_model), (batch, d_vocab)
         tok = _pick(first, temperature, gen)
-        rest = decode_steps(model, mode, cache, T, tok, h, 1, max_new_tokens, temperature, gen,
-                            keep_logits)  # fmt: skip
+        rest = decode_steps(
+            model, mode, cache, T, tok, h, 1, max_new_tokens, temperature, gen, keep_logits
+        )
     logits = torch.cat([first[:, None], rest.logits], 1) if keep_logits else None
-    return Decoded(torch.cat([tok[:, None], rest.tokens], 1), torch.cat([h, rest.states], 1),
-                   logits)  # fmt: skip
+    return Decoded(
+        torch.cat([tok[:, None], rest.tokens], 1), torch.cat([h, rest.states], 1), logits
+    )
 
 
 @torch.no_grad()

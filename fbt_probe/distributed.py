@@ -85,8 +85,13 @@ def rows(n: int, part: int, parts: int) -> tuple[int, int]:
 
 
 def _entry(rank: int, fn, size: int, port: int, threads: int, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(size), LOCAL_RANK=str(rank))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_RANK=str(rank),
+    )
     if threads:
         torch.set_num_threads(threads)
     world = world_from_env(torch.device("cpu"))
@@ -110,8 +115,13 @@ def spawn_local(fn, size: int, *args, threads: int = 0) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     multiprocessing.set_forkserver_preload(["fbt_probe.train.loop"])
-    mp.start_processes(_entry, args=(fn, size, port, threads, args), nprocs=size, join=True,
-                       start_method="forkserver")  # fmt: skip
+    mp.start_processes(
+        _entry,
+        args=(fn, size, port, threads, args),
+        nprocs=size,
+        join=True,
+        start_method="forkserver",
+    )
 
 
 # ---- FSDP (fully_shard): parameters, gradients and optimizer state sharded over the ranks ----
@@ -152,7 +162,7 @@ def full_states(model, opt) -> tuple[dict, dict]:
         "state": {index[k]: v for k, v in osd["state"].items()},
         "param_groups": [
             {**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -165,6 +175,6 @@ def load_optimizer(model, opt, state: dict) -> None:
         "state": {names[int(k)]: v for k, v in state["state"].items()},
         "param_groups": [
             {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
-        ],  # fmt: skip
+        ],
     }
     set_optimizer_state_dict(model, opt, osd, options=StateDictOptions(full_state_dict=True))

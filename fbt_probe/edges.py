@@ -96,8 +96,9 @@ def edge_scores(model, clean, grad, twin, mask, edges: dict) -> None:
         targets = {f"attn {i}": attn[i] for i in range(L)}
         targets.update({f"mlp {i}": mlp[i] for i in range(L)})
         targets["readout"] = grad[top]
-        order = {t: (int(t.split()[1]) * 2 + (t[0] == "m") if t != "readout" else 2 * L)
-                 for t in targets}  # fmt: skip
+        order = {
+            t: (int(t.split()[1]) * 2 + (t[0] == "m") if t != "readout" else 2 * L) for t in targets
+        }
         d = {n: twin[n] - clean[n] for n in (*pre, top)}
         mlp_out = [(d[pre[i + 1]] if i + 1 < L else d[top]) - d_mid[i] for i in range(L)]
         sources = {"input": (d[pre[0]], -1)}

@@ -113,17 +113,31 @@ def check_eval_work(model, tasks, modes, n_groups: int, seed: int) -> float:
     tokens of each task, times ``n_groups``, times each mode's prefill passes (a generated
     answer is a few tokens: left out)."""
     enc = getattr(model, "encoding", None)
-    per_group = sum(len(p) for t in tasks
-                    for p in encode_for_eval(heldout_examples(t, 1, DEFAULT_DISTRACTORS, seed), enc)[0])  # fmt: skip
+    per_group = sum(
+        len(p)
+        for t in tasks
+        for p in encode_for_eval(heldout_examples(t, 1, DEFAULT_DISTRACTORS, seed), enc)[0]
+    )
     passes = sum(prefill_passes(decode_mode(m).prefill) for m in modes)
     tokens = per_group * n_groups
-    return check_work(model, tokens * passes, "--n-groups, --modes",
-                      f"{passes:g} passes over {tokens:,} prompt tokens")  # fmt: skip
+    return check_work(
+        model,
+        tokens * passes,
+        "--n-groups, --modes",
+        f"{passes:g} passes over {tokens:,} prompt tokens",
+    )
 
 
-def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",".join(MODES),
-                   n_groups: int = 48, seed: int = EVAL_SEED, device: str = "cpu",
-                   progress=None):  # fmt: skip
+def evaluate_model(
+    *,
+    model: str = "default",
+    task: str = "all",
+    modes: str = ",".join(MODES),
+    n_groups: int = 48,
+    seed: int = EVAL_SEED,
+    device: str = "cpu",
+    progress=None,
+):
     """``fbt-probe eval``: the model ``model`` names on ``task`` (a name, a comma-separated list
     or 'all': every task its tokenizer can score) in each decoding mode of ``modes``.
     Returns (model name, summary, per_register, {skipped task: why})."""
@@ -147,8 +161,9 @@ def evaluate_model(*, model: str = "default", task: str = "all", modes: str = ",
         if not task_list:
             raise ValueError("this model's tokenizer can score none of the tasks")
     check_eval_work(m, task_list, mode_list, n_groups, seed)
-    summary, per_reg = evaluate(m, task_list, mode_list, n_groups=n_groups, seed=seed,
-                                progress=progress)  # fmt: skip
+    summary, per_reg = evaluate(
+        m, task_list, mode_list, n_groups=n_groups, seed=seed, progress=progress
+    )
     return name, summary, per_reg, skipped
 
 
@@ -161,6 +176,9 @@ def format_eval(name: str, summary: dict, per_reg: dict) -> str:
         for mode, row in by_mode.items():
             regs = per_reg[task][mode]
             extra = "  per register: " + " ".join(f"{a:.3f}" for a in regs) if len(regs) > 1 else ""
-            lines.append(f"  {mode:<8} {row[POOLED]:.3f}  "
-                         + " ".join(f"{row[c]:.3f}"[-5:] for c in counts) + extra)  # fmt: skip
+            lines.append(
+                f"  {mode:<8} {row[POOLED]:.3f}  "
+                + " ".join(f"{row[c]:.3f}"[-5:] for c in counts)
+                + extra
+            )
     return "\n".join(lines)

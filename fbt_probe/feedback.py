@@ -171,8 +171,13 @@ class FeedbackModel(HookedRootModule):
         firing; at depth L this is the model's own output."""
         raise NotImplementedError
 
-    def set_context(self, pass_number: int | None, step: int | None, first_position: int,
-                    decode_step: int | None = None) -> None:  # fmt: skip
+    def set_context(
+        self,
+        pass_number: int | None,
+        step: int | None,
+        first_position: int,
+        decode_step: int | None = None,
+    ) -> None:
         """Record what fires the hooks next, in ``model.context`` and every ``hook.ctx``
         (``fbt_probe.hooks.HookContext``: the pass counted from 1, the step, the first
         position of the tensor a hook sees, and while generating the decoding step)."""
@@ -335,9 +340,15 @@ class FeedbackModel(HookedRootModule):
         ``last_only``: keep the last pass's output and activations only (one cache): what a
         many-pass probe needs, in the memory of one pass.
         """
-        cap = PositionCapture(self, names_filter, positions, passes,
-                              only_pass=passes - 1 if last_only else None)  # fmt: skip
+        cap = PositionCapture(
+            self, names_filter, positions, passes, only_pass=passes - 1 if last_only else None
+        )
         with self.hooks(fwd_hooks=[(cap.filter, cap.hook)]):
-            out = self.forward(tokens, passes=passes, prefix_len=prefix_len, lengths=lengths,
-                               keep_all=not last_only)  # fmt: skip
+            out = self.forward(
+                tokens,
+                passes=passes,
+                prefix_len=prefix_len,
+                lengths=lengths,
+                keep_all=not last_only,
+            )
         return out, cap.caches()

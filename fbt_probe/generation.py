@@ -21,13 +21,21 @@ from fbt_probe.prefill import DecodeMode, decode_mode
 # what a closed-loop intervention swaps at step s for the twin's: the fed-back state h_{s-1},
 # the embedding of token s - 1, or both
 KINDS = ("state", "token", "both")
-SITES = {"state": ("fusion.hook_state",), "token": ("hook_embed",),
-         "both": ("fusion.hook_state", "hook_embed")}  # fmt: skip
+SITES = {
+    "state": ("fusion.hook_state",),
+    "token": ("hook_embed",),
+    "both": ("fusion.hook_state", "hook_embed"),
+}
 
 
 @torch.no_grad()
-def step_residuals(model: FeedbackModel, prompt: torch.Tensor, mode: str | DecodeMode,
-                   n_steps: int, names: list[str] | None = None) -> tuple[Decoded, dict]:  # fmt: skip
+def step_residuals(
+    model: FeedbackModel,
+    prompt: torch.Tensor,
+    mode: str | DecodeMode,
+    n_steps: int,
+    names: list[str] | None = None,
+) -> tuple[Decoded, dict]:
     """Greedy decoding of ``n_steps`` tokens after equal-length prompts (batch, pos), with the
     residual at each hook of ``names`` (default: the depths, ``model.depth_hooks()``) at every
     generated step: {name: (batch, n_steps, d_model)}. Step 0 is read at the prompt's last
@@ -70,13 +78,22 @@ class ClosedLoop:
 
 def pair_logits(logits: torch.Tensor, clean: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
     """(batch, steps, 2): the logits (batch, steps, d_vocab) at each step's clean and twin token."""
-    return torch.stack([logits.gather(-1, clean[..., None])[..., 0],
-                        logits.gather(-1, twin[..., None])[..., 0]], -1)  # fmt: skip
+    return torch.stack(
+        [logits.gather(-1, clean[..., None])[..., 0], logits.gather(-1, twin[..., None])[..., 0]],
+        -1,
+    )
 
 
 @torch.no_grad()
-def closed_loop(model: FeedbackModel, prompt: torch.Tensor, twin_prompt: torch.Tensor,
-                mode: str | DecodeMode, n_steps: int, kinds=KINDS, steps=None) -> ClosedLoop:  # fmt: skip
+def closed_loop(
+    model: FeedbackModel,
+    prompt: torch.Tensor,
+    twin_prompt: torch.Tensor,
+    mode: str | DecodeMode,
+    n_steps: int,
+    kinds=KINDS,
+    steps=None,
+) -> ClosedLoop:
     """Decode ``prompt`` and ``twin_prompt`` (equal shapes, (batch, pos)) for ``n_steps`` tokens
     each, then for every kind of ``kinds`` and step s of ``steps`` (default 1 .. n_steps - 1)
     swap step s's input for the twin's (``KINDS``; with ``fbt_probe.hooks.at(...,
@@ -108,12 +125,22 @@ def closed_loop(model: FeedbackModel, prompt: torch.Tensor, twin_prompt: torch.T
                 "fusion.hook_state": twin.states[:, s - 1 : s],
                 "hook_embed": twin_embed[:, s - 1 : s],
             }
-            hooks = [(site, at(lambda x, hook, v=swap[site]: v, decode_steps=s))
-                     for site in SITES[kind]]  # fmt: skip
+            hooks = [
+                (site, at(lambda x, hook, v=swap[site]: v, decode_steps=s)) for site in SITES[kind]
+            ]
             model.restore_cache(cache, pristine, T + s - 1)
             with model.hooks(fwd_hooks=hooks):
-                d = decode_steps(model, mode, cache, T, clean.tokens[:, s - 1],
-                                 clean.states[:, s - 1 : s], s, n_steps, keep_logits=True)  # fmt: skip
+                d = decode_steps(
+                    model,
+                    mode,
+                    cache,
+                    T,
+                    clean.tokens[:, s - 1],
+                    clean.states[:, s - 1 : s],
+                    s,
+                    n_steps,
+                    keep_logits=True,
+                )
             toks = torch.cat([clean.tokens[:, :s], d.tokens], 1)
             logits = torch.cat([clean.logits[:, :s], d.logits], 1)
             res.tokens[kind, s] = toks

@@ -31,17 +31,25 @@ from fbt_probe.feedback import FeedbackModel
 def pattern_hooks(model: FeedbackModel) -> list[str]:
     """``blocks.{l}.attn.hook_pattern`` of every layer, in order."""
     if not model.n_heads:
-        raise ValueError("this model has no per-head attention hooks (its attention layout is "
-                         "not one fbt-probe knows)")  # fmt: skip
+        raise ValueError(
+            "this model has no per-head attention hooks (its attention layout is "
+            "not one fbt-probe knows)"
+        )
     return [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
 
 
 def read_patterns(model: FeedbackModel, tokens: torch.Tensor, passes: int, read) -> None:
     """A ``passes``-pass forward of ``tokens`` with ``read(pattern, pass, layer)`` called on
     every layer's pattern (batch, head, query_pos, key_pos) in every pass."""
-    hooks = [(name, functools.partial(lambda x, hook, layer: read(x, hook.ctx["pass_number"] - 1, layer),
-                                      layer=i))
-             for i, name in enumerate(pattern_hooks(model))]  # fmt: skip
+    hooks = [
+        (
+            name,
+            functools.partial(
+                lambda x, hook, layer: read(x, hook.ctx["pass_number"] - 1, layer), layer=i
+            ),
+        )
+        for i, name in enumerate(pattern_hooks(model))
+    ]
     with model.hooks(fwd_hooks=hooks):
         model(tokens, passes=passes, keep_all=False)
 
@@ -58,8 +66,14 @@ class HeadReads:
 
 
 @torch.inference_mode()
-def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
-               label: torch.Tensor, passes: int, show: tuple[int, ...] = ()) -> HeadReads:  # fmt: skip
+def head_reads(
+    model: FeedbackModel,
+    tokens: torch.Tensor,
+    read: torch.Tensor,
+    label: torch.Tensor,
+    passes: int,
+    show: tuple[int, ...] = (),
+) -> HeadReads:
     """tokens (batch, pos), right-padded; read, label (batch,): the read position and the
     label-bearing token of each example (label < read); ``show``: the examples whose read row
     is kept."""
@@ -86,8 +100,9 @@ def head_reads(model: FeedbackModel, tokens: torch.Tensor, read: torch.Tensor,
 
 
 @torch.inference_mode()
-def pair_weights(model: FeedbackModel, tokens: torch.Tensor, query: torch.Tensor,
-                 key: torch.Tensor, passes: int) -> torch.Tensor:  # fmt: skip
+def pair_weights(
+    model: FeedbackModel, tokens: torch.Tensor, query: torch.Tensor, key: torch.Tensor, passes: int
+) -> torch.Tensor:
     """(passes, layers, batch, n, heads): every head's weight of query position
     ``query[b, i]`` on key position ``key[b, i]`` (both (batch, n)), in every pass."""
     pattern_hooks(model)
@@ -102,8 +117,9 @@ def pair_weights(model: FeedbackModel, tokens: torch.Tensor, query: torch.Tensor
     return out
 
 
-def repeated_tokens(ids: torch.Tensor, n_seq: int, half: int, bos: int | None,
-                    seed: int) -> torch.Tensor:  # fmt: skip
+def repeated_tokens(
+    ids: torch.Tensor, n_seq: int, half: int, bos: int | None, seed: int
+) -> torch.Tensor:
     """(n_seq, [1 +] 2 * half): ``[BOS] r r`` with r drawn uniformly from ``ids``."""
     g = torch.Generator().manual_seed(seed)
     r = ids[torch.randint(len(ids), (n_seq, half), generator=g)]
@@ -112,8 +128,9 @@ def repeated_tokens(ids: torch.Tensor, n_seq: int, half: int, bos: int | None,
 
 
 @torch.inference_mode()
-def induction_scores(model: FeedbackModel, tokens: torch.Tensor, half: int,
-                     passes: int) -> torch.Tensor:  # fmt: skip
+def induction_scores(
+    model: FeedbackModel, tokens: torch.Tensor, half: int, passes: int
+) -> torch.Tensor:
     """(passes, layers, n_seq, heads): on ``repeated_tokens`` (with BOS or not: the repeat
     is the last ``2 * half`` positions), the mean weight of each token of the second copy on
     the token after its first occurrence."""

@@ -34,8 +34,10 @@ import torch
 from fbt_probe.positions import put, select_positions, take
 
 # keys of hook.ctx that are gone, with what replaced them
-GONE = {"pass": "hook.ctx['pass_number'] (counted from 1: pass 1 is 1)",
-        "offset": "hook.ctx['first_position']"}  # fmt: skip
+GONE = {
+    "pass": "hook.ctx['pass_number'] (counted from 1: pass 1 is 1)",
+    "offset": "hook.ctx['first_position']",
+}
 
 
 class HookContext(dict):
@@ -53,10 +55,12 @@ class HookContext(dict):
         return self[key] if key in GONE else super().get(key, default)
 
 
-def context(pass_number: int | None, step: int | None, first_position: int,
-            decode_step: int | None = None) -> HookContext:  # fmt: skip
-    return HookContext(pass_number=pass_number, step=step, first_position=first_position,
-                       decode_step=decode_step)  # fmt: skip
+def context(
+    pass_number: int | None, step: int | None, first_position: int, decode_step: int | None = None
+) -> HookContext:
+    return HookContext(
+        pass_number=pass_number, step=step, first_position=first_position, decode_step=decode_step
+    )
 
 
 def _as_set(x) -> set | None:
@@ -85,8 +89,10 @@ def at(
     if passes is not None or legacy:
         old = passes if passes is not None else legacy[0]
         new = sorted(p + 1 for p in _as_set(old) if p is not None) if old is not None else None
-        raise TypeError(f"at(passes=...) counted passes from 0 and is gone: use "
-                        f"at(fn, on_pass={new}) (counted from 1)")  # fmt: skip
+        raise TypeError(
+            f"at(passes=...) counted passes from 0 and is gone: use "
+            f"at(fn, on_pass={new}) (counted from 1)"
+        )
     want_pass, want_step, want_decode = _as_set(on_pass), _as_set(steps), _as_set(decode_steps)
 
     def hook(tensor: torch.Tensor, hook):

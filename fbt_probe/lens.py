@@ -120,8 +120,9 @@ class RidgeStats:
 
 
 @torch.no_grad()
-def accumulate(model: FeedbackModel, stats: RidgeStats, tokens: torch.Tensor,
-               keep: torch.Tensor, passes: int) -> None:  # fmt: skip
+def accumulate(
+    model: FeedbackModel, stats: RidgeStats, tokens: torch.Tensor, keep: torch.Tensor, passes: int
+) -> None:
     """Add one batch (tokens (batch, pos); keep (batch, pos) bool: the positions to fit on)
     of every pass 1..``passes`` to ``stats``: each depth's residual, once the last block's
     output of the same pass is there, is paired with it and dropped."""
@@ -187,14 +188,21 @@ def _score(read, x: torch.Tensor, ref_logp: torch.Tensor, answer: torch.Tensor):
 
 
 @torch.no_grad()
-def lens_batch(model: FeedbackModel, tokens: torch.Tensor, at: torch.Tensor, answer: torch.Tensor,
-               passes: int, tuned: Translators | None = None) -> dict[str, LensReads]:  # fmt: skip
+def lens_batch(
+    model: FeedbackModel,
+    tokens: torch.Tensor,
+    at: torch.Tensor,
+    answer: torch.Tensor,
+    passes: int,
+    tuned: Translators | None = None,
+) -> dict[str, LensReads]:
     """The reads of one batch at positions ``at`` (batch,), scored for ``answer`` (batch,)
     token ids: {"logit": ..., "tuned": ...} (the tuned lens where ``tuned`` is given)."""
     hooks = model.depth_hooks()
     fed_hook = "fusion.hook_state"
-    out, caches = model.run_with_pass_caches(tokens, passes=passes, names_filter=[*hooks, fed_hook],
-                                             positions=at)  # fmt: skip
+    out, caches = model.run_with_pass_caches(
+        tokens, passes=passes, names_filter=[*hooks, fed_hook], positions=at
+    )
     rows = torch.arange(len(at), device=at.device)
     ref = out.passes[-1].logits_at(rows, at).float().log_softmax(-1)
     reads = ["fed_state", "fed_value", *(str(i) for i in range(len(hooks)))]

@@ -97,8 +97,10 @@ def clean_run(
                 off = int(hook.ctx.get("first_position", 0))
                 resid[layer, :, off : off + x.shape[1]] = x
 
-        hooks = [(f"blocks.{i}.hook_resid_pre", functools.partial(keep, layer=i))
-                 for i in range(model.cfg.n_layers)]  # fmt: skip
+        hooks = [
+            (f"blocks.{i}.hook_resid_pre", functools.partial(keep, layer=i))
+            for i in range(model.cfg.n_layers)
+        ]
     with model.hooks(fwd_hooks=hooks):
         run = prefill.run(model, tokens, cache)
     pristine = model.snapshot_cache(cache) if cache is not None else None

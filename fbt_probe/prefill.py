@@ -72,8 +72,7 @@ class Prefill:
         prev = None
         for k in range(self.passes - 1):
             prev = model.feedback_pass(emb, prev, plain=plain, pass_number=k + 1).states
-        last = model.feedback_pass(emb, prev, plain=plain, cache=cache,
-                                   pass_number=self.passes)  # fmt: skip
+        last = model.feedback_pass(emb, prev, plain=plain, cache=cache, pass_number=self.passes)
         return PrefillRun(last, prev)
 
 
@@ -103,8 +102,9 @@ def parse_prefill(word: str | Prefill) -> Prefill:
     )
 
 
-def jacobi_passes(word: str | Prefill, lo: int = 1, hi: int = MAX_PASSES,
-                  option: str = "--prefill") -> int:  # fmt: skip
+def jacobi_passes(
+    word: str | Prefill, lo: int = 1, hi: int = MAX_PASSES, option: str = "--prefill"
+) -> int:
     """The number of Jacobi passes a prefill word names (standard 1, recurrent 2, k<N> N),
     for a command that reads every pass up to it; ``full`` and counts outside ``lo..hi``
     are refused naming ``option``."""
@@ -113,12 +113,15 @@ def jacobi_passes(word: str | Prefill, lo: int = 1, hi: int = MAX_PASSES,
     except ValueError as e:
         raise ValueError(f"{option}: {e}") from None
     if pf.passes is None:
-        raise ValueError(f"{option} full: this command reads Jacobi passes; use standard, "
-                         f"recurrent or k<N> (N in {lo}..{hi})")  # fmt: skip
+        raise ValueError(
+            f"{option} full: this command reads Jacobi passes; use standard, "
+            f"recurrent or k<N> (N in {lo}..{hi})"
+        )
     if not lo <= pf.passes <= hi:
         lo_word = "recurrent" if lo == 2 else f"k{lo}"
-        raise ValueError(f"{option} {word}: this command reads {lo_word} to k{hi} "
-                         f"({lo}..{hi} passes)")  # fmt: skip
+        raise ValueError(
+            f"{option} {word}: this command reads {lo_word} to k{hi} ({lo}..{hi} passes)"
+        )
     return pf.passes
 
 

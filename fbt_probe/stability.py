@@ -113,8 +113,9 @@ def _scored_pass(model: FeedbackModel, emb, prev, plain, k: int, batch: HeldoutB
     ce_sum, n_targets = 0.0, 0
     for i in range(0, B, rows):
         sl = slice(i, i + rows)
-        out = model.feedback_pass(emb[sl], None if prev is None else prev[sl], plain=plain[sl],
-                                  pass_number=k)  # fmt: skip
+        out = model.feedback_pass(
+            emb[sl], None if prev is None else prev[sl], plain=plain[sl], pass_number=k
+        )
         targets = batch.targets[sl]
         ce = F.cross_entropy(
             out.logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none"
@@ -160,8 +161,15 @@ def jacobi_trajectory(
             continue
         h, loss, ok = _scored_pass(model, emb, prev, plain, k, batch)
         h = h * valid[..., None]
-        row = {"pass": k, "delta_mean": float("nan"), "delta_max": float("nan"), "loss": loss, "accuracy": float(ok.float().mean()),
-               "h_norm_mean": float(h.norm(dim=-1)[valid].mean()), "lipschitz": float("nan")}  # fmt: skip
+        row = {
+            "pass": k,
+            "delta_mean": float("nan"),
+            "delta_max": float("nan"),
+            "loss": loss,
+            "accuracy": float(ok.float().mean()),
+            "h_norm_mean": float(h.norm(dim=-1)[valid].mean()),
+            "lipschitz": float("nan"),
+        }
         if prev is not None:
             num = (h - prev).norm(dim=-1)[valid]
             den = prev.norm(dim=-1)[valid].clamp(min=1e-12)
@@ -234,7 +242,13 @@ def long_soft_decoding(
     )
     rows = []
     for i in range(n_tokens):
-        rows.append({"step": i + 1, "h_norm_mean": float(norms[:, i].mean()), "h_norm_max": float(norms[:, i].max()),
-                     "h_change_mean": float(np.nanmean(change[:, i].numpy())) if i else float("nan"),
-                     "finite": bool(torch.isfinite(states[:, i]).all())})  # fmt: skip
+        rows.append(
+            {
+                "step": i + 1,
+                "h_norm_mean": float(norms[:, i].mean()),
+                "h_norm_max": float(norms[:, i].max()),
+                "h_change_mean": float(np.nanmean(change[:, i].numpy())) if i else float("nan"),
+                "finite": bool(torch.isfinite(states[:, i]).all()),
+            }
+        )
     return rows

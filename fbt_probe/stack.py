@@ -309,8 +309,10 @@ class FBTModel(FeedbackModel):
         if self.cfg.feedback_source == TOP:
             fed = h
         elif fed is None:
-            raise ValueError(f"block {self.cfg.feedback_source}'s output, the state this design "
-                             f"feeds back, is not run again from block {from_layer}")  # fmt: skip
+            raise ValueError(
+                f"block {self.cfg.feedback_source}'s output, the state this design "
+                f"feeds back, is not run again from block {from_layer}"
+            )
         return PassOutput(logits=h @ self.W_E.T, states=fed)
 
     def run_blocks(

@@ -23,8 +23,9 @@ class PassStates:
 
 
 @torch.no_grad()
-def pass_states(model: FeedbackModel, tokens: torch.Tensor, lengths: torch.Tensor,
-                passes: int) -> PassStates:  # fmt: skip
+def pass_states(
+    model: FeedbackModel, tokens: torch.Tensor, lengths: torch.Tensor, passes: int
+) -> PassStates:
     gate: list[torch.Tensor] = []
 
     def keep_gate(x, hook):

@@ -92,9 +92,17 @@ RUNNERS = {f"run_{name}": analysis for name, analysis in ANALYSES.items()}
 globals().update(RUNNERS)
 
 __all__ = [
-    "ANALYSES", "Analysis", "Figure", "Result", "analysis_names", "get_analysis", "option",
-    "register_analysis", *RUNNERS, *_LAZY,
-]  # fmt: skip
+    "ANALYSES",
+    "Analysis",
+    "Figure",
+    "Result",
+    "analysis_names",
+    "get_analysis",
+    "option",
+    "register_analysis",
+    *RUNNERS,
+    *_LAZY,
+]
 
 
 __getattr__ = imports.lazy_attributes("probes", _LAZY)

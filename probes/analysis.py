@@ -73,14 +73,35 @@ class Analysis:
     names it writes in its ``--out`` folder (glob patterns, ``tasks.transaction``):
     an earlier run's are replaced only with ``--force``, and all of them at once."""
 
-    __slots__ = ("name", "options", "run", "help", "example", "folder", "section", "figures",
-                 "reproduce", "moved", "outputs")  # fmt: skip
+    __slots__ = (
+        "name",
+        "options",
+        "run",
+        "help",
+        "example",
+        "folder",
+        "section",
+        "figures",
+        "reproduce",
+        "moved",
+        "outputs",
+    )
 
-    def __init__(self, *, name: str, options: type | str, run: Callable | str, help: str,
-                 example: str, folder: str, section: Callable | str | None = None,
-                 figures: Callable | str | None = None,
-                 reproduce: dict | Callable | str | None = None, moved: dict | None = None,
-                 outputs: tuple[str, ...] = ()):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        name: str,
+        options: type | str,
+        run: Callable | str,
+        help: str,
+        example: str,
+        folder: str,
+        section: Callable | str | None = None,
+        figures: Callable | str | None = None,
+        reproduce: dict | Callable | str | None = None,
+        moved: dict | None = None,
+        outputs: tuple[str, ...] = (),
+    ):
         # a plain class, not a dataclass: the CLI imports this module to list its verbs
         if not isinstance(options, str) and not hasattr(options, "__dataclass_fields__"):
             raise ValueError(f"analysis {name!r}: options must be a dataclass")
@@ -106,13 +127,16 @@ class Analysis:
         ``report.py`` (``section``) and ``plot.py`` (``figures``); ``fields`` give the rest
         (``help``, ``example``, ``reproduce``, ...) and may replace any of these."""
         name = fields.pop("name", package.rsplit(".", 1)[-1])
-        layout = {"options": f"{package}.options:{name.title()}Options", "run": f"{package}.run:run",
-                  "section": f"{package}.report:section", "figures": f"{package}.plot:figures",
-                  "folder": name}  # fmt: skip
+        layout = {
+            "options": f"{package}.options:{name.title()}Options",
+            "run": f"{package}.run:run",
+            "section": f"{package}.report:section",
+            "figures": f"{package}.plot:figures",
+            "folder": name,
+        }
         return cls(name=name, **{**layout, **fields})
 
-    def __call__(self, model=None, options=None, *, progress=None, force=None,
-                 **changes) -> Result:  # fmt: skip
+    def __call__(self, model=None, options=None, *, progress=None, force=None, **changes) -> Result:
         """Run it as the library: ``options`` (default: the dataclass's defaults) with
         ``changes`` applied, on ``model`` when given (a loaded model or a name); ``force``
         (default: the options' own ``force``) replaces an earlier run's outputs."""
@@ -151,8 +175,10 @@ class Analysis:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             if isinstance(e, OSError | ValueError) and str(where) in first:
                 raise  # it names the file already
-            raise ValueError(f"{where}: {self.name}'s results cannot be read back ({first}); "
-                             f"run 'fbt-probe {self.name} --out {where} --force' again") from None  # fmt: skip
+            raise ValueError(
+                f"{where}: {self.name}'s results cannot be read back ({first}); "
+                f"run 'fbt-probe {self.name} --out {where} --force' again"
+            ) from None
 
     @property
     def options_class(self) -> type:

@@ -100,8 +100,10 @@ def main() -> None:
         for layer, row in enumerate(r["last_value"]):
             h = int(np.argmax(row))
             cells.append(f"L{layer} h{h} {row[h]:.2f} ({r['earlier_values'][layer][h]:.2f})")
-        prev = [f"L{layer} h{int(np.argmax(row))} {max(row):.2f}"
-                for layer, row in enumerate(r["previous_token"])]  # fmt: skip
+        prev = [
+            f"L{layer} h{int(np.argmax(row))} {max(row):.2f}"
+            for layer, row in enumerate(r["previous_token"])
+        ]
         print(f"{spec} | {r['accuracy']:.3f} | " + "  ".join(cells) + " | " + "  ".join(prev))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1) + "\n")

@@ -42,16 +42,29 @@ def interchange(run: Path) -> dict:
     csv = out / "interventions.csv"
     if not csv.is_file():
         model, name = resolve_model(str(run))
-        run_intervene(model, name, [(t, "recurrent") for t in TASKS], out,
-                      kinds=("interchange_state", "interchange_token"))  # fmt: skip
+        run_intervene(
+            model,
+            name,
+            [(t, "recurrent") for t in TASKS],
+            out,
+            kinds=("interchange_state", "interchange_token"),
+        )
     df = pd.read_csv(csv)
     g = df[df.metric == "flip_rate"]
     row = {}
     for t in TASKS:
-        st = g[(g.task == t) & (g.intervention == "interchange_state") & (g.site == STATE_HOOK)
-               & (g.positions == "all")]  # fmt: skip
-        tok = g[(g.task == t) & (g.intervention == "interchange_token") & (g.site == TOKEN_SITE)
-                & (g.positions == "label_token")]  # fmt: skip
+        st = g[
+            (g.task == t)
+            & (g.intervention == "interchange_state")
+            & (g.site == STATE_HOOK)
+            & (g.positions == "all")
+        ]
+        tok = g[
+            (g.task == t)
+            & (g.intervention == "interchange_token")
+            & (g.site == TOKEN_SITE)
+            & (g.positions == "label_token")
+        ]
         row[f"{t}/state_flips"] = float(st.value.iloc[0]) if len(st) else float("nan")
         row[f"{t}/token_flips"] = float(tok.value.iloc[0]) if len(tok) else float("nan")
     return row
@@ -117,14 +130,19 @@ def main() -> None:
 
 MEASURES = (
     [(f"{t}/{m}", f"{t}: answers, {m} decoding") for t in TASKS for m in MODES]
-    + [(f"{t}/probe_{p}", f"{t}: probe at the entry, {p} prefill") for t in TASKS
-       for p in ("standard", "recurrent")]
+    + [
+        (f"{t}/probe_{p}", f"{t}: probe at the entry, {p} prefill")
+        for t in TASKS
+        for p in ("standard", "recurrent")
+    ]
     + [(f"{t}/chance_recurrent", f"{t}: the probe's chance") for t in TASKS]
     + [(f"{t}/state_flips", f"{t}: flips, interchanging every fed-back state") for t in TASKS]
     + [(f"{t}/token_flips", f"{t}: flips, interchanging the label token") for t in TASKS]
-    + [("contraction_30_over_2", "state change, pass 30 / pass 2"),
-       ("train_minutes", "training minutes (2 CPU cores)")]
-)  # fmt: skip
+    + [
+        ("contraction_30_over_2", "state change, pass 30 / pass 2"),
+        ("train_minutes", "training minutes (2 CPU cores)"),
+    ]
+)
 
 
 # a ratio that spans decades, and minutes; "–" where a value is undefined (no state change)
@@ -156,11 +174,13 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     from probes.common.figures import subplots
 
     means = df.groupby("design", sort=False).mean(numeric_only=True)
-    panels = [("answers, full decoding", [f"{t}/full" for t in TASKS]),
-              ("probe at the entry, standard prefill", [f"{t}/probe_standard" for t in TASKS]),
-              ("probe at the entry, recurrent prefill", [f"{t}/probe_recurrent" for t in TASKS]),
-              ("flips, interchanging the state", [f"{t}/state_flips" for t in TASKS]),
-              ("flips, interchanging the label token", [f"{t}/token_flips" for t in TASKS])]  # fmt: skip
+    panels = [
+        ("answers, full decoding", [f"{t}/full" for t in TASKS]),
+        ("probe at the entry, standard prefill", [f"{t}/probe_standard" for t in TASKS]),
+        ("probe at the entry, recurrent prefill", [f"{t}/probe_recurrent" for t in TASKS]),
+        ("flips, interchanging the state", [f"{t}/state_flips" for t in TASKS]),
+        ("flips, interchanging the label token", [f"{t}/token_flips" for t in TASKS]),
+    ]
     fig, axes = subplots(1, len(panels), figsize=(3.3 * len(panels), 3.4), sharey=True)
     for ax, (title, cols) in zip(axes, panels, strict=True):
         means[cols].rename(columns=lambda c: c.split("/")[0]).plot.bar(ax=ax, rot=60, legend=False)

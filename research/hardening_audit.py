@@ -58,8 +58,13 @@ def setting_cases() -> list[tuple[str, list[str], str]]:
         if key in ("name", "init_from") or kind not in BAD or key.endswith(".why"):
             continue
         for bad in BAD[kind]:
-            cases.append((f"--set {key}={bad}", ["recipe", "tiny", "--set", f"{key}={bad}"],
-                          key.split(".")[-1]))  # fmt: skip
+            cases.append(
+                (
+                    f"--set {key}={bad}",
+                    ["recipe", "tiny", "--set", f"{key}={bad}"],
+                    key.split(".")[-1],
+                )
+            )
     return cases
 
 
@@ -125,8 +130,9 @@ def option_cases(root: Path) -> list[tuple[str, list[str], str]]:
 
 
 def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, BaseException | None]:

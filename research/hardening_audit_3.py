@@ -102,15 +102,25 @@ def option_cases(root: Path) -> list[tuple[str, list[str], str]]:
                 continue
             for value in BAD[k]:
                 v = value.format(**paths(root))
-                cases.append((f"{name} {flag} {value!r}", [*base(name, root, flag), flag, v],
-                              f"{flag}|{v}" if "/" in v else flag))  # fmt: skip
+                cases.append(
+                    (
+                        f"{name} {flag} {value!r}",
+                        [*base(name, root, flag), flag, v],
+                        f"{flag}|{v}" if "/" in v else flag,
+                    )
+                )
     return cases
 
 
 def paths(root: Path) -> dict:
-    return {"missing": str(root / "missing" / "x"), "dir": str(root / "adir"),
-            "empty": str(root / "empty.bin"), "garbage": str(root / "garbage.bin"),
-            "fifo": str(root / "fifo"), "under_file": str(root / "garbage.bin" / "x")}  # fmt: skip
+    return {
+        "missing": str(root / "missing" / "x"),
+        "dir": str(root / "adir"),
+        "empty": str(root / "empty.bin"),
+        "garbage": str(root / "garbage.bin"),
+        "fifo": str(root / "fifo"),
+        "under_file": str(root / "garbage.bin" / "x"),
+    }
 
 
 def damage(path: Path, how: str) -> None:
@@ -119,9 +129,15 @@ def damage(path: Path, how: str) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
         path.mkdir()
         return
-    path.write_bytes({"empty": b"", "half": data[: len(data) // 2], "garbage": os.urandom(200),
-                      "a list": b"[1, 2]",
-                      "nan": data.replace(b"0.", b"NaN", 3) if b"0." in data else b"NaN"}[how])  # fmt: skip
+    path.write_bytes(
+        {
+            "empty": b"",
+            "half": data[: len(data) // 2],
+            "garbage": os.urandom(200),
+            "a list": b"[1, 2]",
+            "nan": data.replace(b"0.", b"NaN", 3) if b"0." in data else b"NaN",
+        }[how]
+    )
 
 
 def artifact_cases(root: Path) -> list[tuple[str, list[str], str, str, str]]:
@@ -135,8 +151,9 @@ def artifact_cases(root: Path) -> list[tuple[str, list[str], str, str, str]]:
                 if verb != "fit":
                     full += ["--data", str(root / "tw.parquet"), "--task", "delayed_memory"]
             file = root / "copy" / rel  # named by its path, or by its folder and its name
-            cases.append((f"{rel} {how} -> {verb}", full, f"{file}|{file.parent}&{file.name}",
-                          rel, how))  # fmt: skip
+            cases.append(
+                (f"{rel} {how} -> {verb}", full, f"{file}|{file.parent}&{file.name}", rel, how)
+            )
     return cases
 
 
@@ -182,17 +199,31 @@ def setup(root: Path) -> None:
 
     save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), root / "m")
     generate_dataset("delayed_memory", root / "d.parquet", n_groups=6, distractors=(1, 4), seed=2)
-    generate_dataset("delayed_memory", root / "tw.parquet", n_groups=6, distractors=(1, 4),
-                     seed=2, twins=True)  # fmt: skip
+    generate_dataset(
+        "delayed_memory", root / "tw.parquet", n_groups=6, distractors=(1, 4), seed=2, twins=True
+    )
     (root / "adir").mkdir()
     (root / "empty.bin").write_bytes(b"")
     (root / "garbage.bin").write_bytes(os.urandom(100))
     os.mkfifo(root / "fifo")
     res, m, tw = root / "res", str(root / "m"), str(root / "tw.parquet")
-    for argv in (["fit", "-p", "standard,recurrent", "--no-controls", "--folds", "2", "--data", tw],
-                 ["intervene", "-p", "recurrent", "-i", "interchange_state", "--data", tw,
-                  "--task", "delayed_memory", "--out", str(res / "interventions")],
-                 ["lens", "-p", "k2", "--data", tw, "--task", "delayed_memory", "--out", str(res / "lens")]):  # fmt: skip
+    for argv in (
+        ["fit", "-p", "standard,recurrent", "--no-controls", "--folds", "2", "--data", tw],
+        [
+            "intervene",
+            "-p",
+            "recurrent",
+            "-i",
+            "interchange_state",
+            "--data",
+            tw,
+            "--task",
+            "delayed_memory",
+            "--out",
+            str(res / "interventions"),
+        ],
+        ["lens", "-p", "k2", "--data", tw, "--task", "delayed_memory", "--out", str(res / "lens")],
+    ):
         r = CliRunner().invoke(
             app, [*argv, "--model", m] + ([] if "--out" in argv else ["--out", str(res)])
         )

@@ -36,9 +36,19 @@ GROUPS = {
     "values": vocab.VALUES,
     "counts": vocab.COUNTS,
     "distractors": vocab.DISTRACTORS,
-    "syntax": (vocab.PAD, vocab.BOS, vocab.COLON, vocab.SET, vocab.ZERO, vocab.ONE, vocab.NEED,
-               vocab.STEP, vocab.DONE, vocab.MORE),
-}  # fmt: skip
+    "syntax": (
+        vocab.PAD,
+        vocab.BOS,
+        vocab.COLON,
+        vocab.SET,
+        vocab.ZERO,
+        vocab.ONE,
+        vocab.NEED,
+        vocab.STEP,
+        vocab.DONE,
+        vocab.MORE,
+    ),
+}
 
 
 def token_rows(spec: str) -> list[int]:

@@ -58,9 +58,13 @@ def probe_errors(model, ds, prefill="recurrent", depth=0, probe="logistic", seed
     m = ds.n_distractors >= 1  # the rows cell_data keeps, in order
     facts = np.array([prompt_facts(ds.token_ids[i], ds.colon_index[i]) for i in np.flatnonzero(m)])
     return {
-        "accuracy": res.accuracy, "n": ds.n_distractors[m], "k": facts[:, 0],
-        "s": facts[:, 1], "gap": facts[:, 2], "correct": res.correct,
-    }  # fmt: skip
+        "accuracy": res.accuracy,
+        "n": ds.n_distractors[m],
+        "k": facts[:, 0],
+        "s": facts[:, 1],
+        "gap": facts[:, 2],
+        "correct": res.correct,
+    }
 
 
 def table(r: dict, long_from: int = 64) -> str:
@@ -109,8 +113,10 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"done_tracking, depth {a.depth}, {a.prefill} prefill, {a.probe} probe: "
-          f"accuracy {r['accuracy']:.4f} on {len(r['n'])} prompts")  # fmt: skip
+    print(
+        f"done_tracking, depth {a.depth}, {a.prefill} prefill, {a.probe} probe: "
+        f"accuracy {r['accuracy']:.4f} on {len(r['n'])} prompts"
+    )
     print(table(r))
     return 0
 

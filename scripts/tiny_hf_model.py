@@ -19,8 +19,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="the folder to write (must not exist)")
     ap.add_argument("--family", default="llama", choices=FAMILIES)
-    ap.add_argument("--tokenizer", default="bpe", choices=("bpe", "words"),
-                    help="a byte-level BPE trained on task text, or one token per built-in word")  # fmt: skip
+    ap.add_argument(
+        "--tokenizer",
+        default="bpe",
+        choices=("bpe", "words"),
+        help="a byte-level BPE trained on task text, or one token per built-in word",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     if a.out.exists():

@@ -95,11 +95,27 @@ def stratum(task: str) -> str | None:
 
 
 # the rest of the surface, imported on first use (the CLI imports this package to list its verbs)
-_LAZY = {"vocab": "tasks.vocab:", "Example": "tasks.base:Example", "POOLED": "tasks.base:POOLED",
-         "generate_dataset": "tasks.generate:generate_dataset", "load_dataset": "tasks.dataset:load",
-         "Dataset": "tasks.dataset:Dataset", "Registry": "tasks.registry:Registry"}  # fmt: skip
-__all__ = ["TASKS", "TASK_NAMES", "GENERATION_TASKS", "is_generated", "register_task", "get_task", "task_names", "target_names",
-           "stratum", *_LAZY]  # fmt: skip
+_LAZY = {
+    "vocab": "tasks.vocab:",
+    "Example": "tasks.base:Example",
+    "POOLED": "tasks.base:POOLED",
+    "generate_dataset": "tasks.generate:generate_dataset",
+    "load_dataset": "tasks.dataset:load",
+    "Dataset": "tasks.dataset:Dataset",
+    "Registry": "tasks.registry:Registry",
+}
+__all__ = [
+    "TASKS",
+    "TASK_NAMES",
+    "GENERATION_TASKS",
+    "is_generated",
+    "register_task",
+    "get_task",
+    "task_names",
+    "target_names",
+    "stratum",
+    *_LAZY,
+]
 
 
 __getattr__ = imports.lazy_attributes("tasks", _LAZY)

@@ -112,8 +112,9 @@ def _counts(part: str) -> list[int]:
     """One item of ``--distractors``: a count, a range, or the powers of two in a range."""
     if ":pow2" in part:
         lo, hi = (int(x) for x in part.replace(":pow2", "").split("-"))
-        return sorted({n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10))
-                       if lo <= n <= hi})  # fmt: skip
+        return sorted(
+            {n for n in DEFAULT_DISTRACTORS + tuple(2**i for i in range(10)) if lo <= n <= hi}
+        )
     return int_range(part)
 
 
@@ -134,8 +135,9 @@ def parse_distractors(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def to_table(examples: list[Example], meta: dict, twins=None, encoded=None,
-             twin_ids=None) -> pa.Table:  # fmt: skip
+def to_table(
+    examples: list[Example], meta: dict, twins=None, encoded=None, twin_ids=None
+) -> pa.Table:
     """``encoded``: each example's ``tasks.encoding.Encoded`` (a tokenizer's ids) instead of
     the word vocabulary's; ``twin_ids`` then the twins' ids (empty where none) and colon
     indices (-1 where none), which a shifted twin moves (``tasks.encoding``)."""
@@ -174,8 +176,15 @@ def _last_id(examples) -> int:
     return max((max(vocab.encode(ex.tokens)) for ex in examples), default=0)
 
 
-def build_meta(task: str, params: dict, distractors, seed: int, n_groups: int, examples,
-               tokenizer: dict | None = None) -> dict:  # fmt: skip
+def build_meta(
+    task: str,
+    params: dict,
+    distractors,
+    seed: int,
+    n_groups: int,
+    examples,
+    tokenizer: dict | None = None,
+) -> dict:
     """``tokenizer``: what ``TokenizerEncoding.describe`` says of the tokenizer the ids come
     from (with ``colon_ids``, the tokens that end a prompt); None for the word vocabulary."""
     meta = {
@@ -236,8 +245,11 @@ def load(path: str | Path) -> Dataset:
     if tok is not None and not (isinstance(tok, dict) and isinstance(tok.get("colon_ids"), list)):
         raise ValueError(f"{path}: its tokenizer record is malformed")
     colon_ids = set(tok["colon_ids"]) if tok is not None else {vocab.COLON_ID}
-    bad = [i for i, (ids, c) in enumerate(zip(d["token_ids"], d["colon_index"], strict=True))
-           if not 0 <= c < len(ids) or ids[c] not in colon_ids]  # fmt: skip
+    bad = [
+        i
+        for i, (ids, c) in enumerate(zip(d["token_ids"], d["colon_index"], strict=True))
+        if not 0 <= c < len(ids) or ids[c] not in colon_ids
+    ]
     if bad:
         raise ValueError(f"{path}: row {bad[0]} has no colon at its colon_index")
     twins = {}

@@ -96,10 +96,13 @@ def check_label_words(words, where: str) -> dict[str, tuple[str, ...]]:
     """A recorded ``label_words`` record ({task: [word, ...]}), refused in one line naming
     ``where`` unless each is a list of distinct words without spaces."""
     ok = isinstance(words, dict) and all(
-        isinstance(k, str) and isinstance(v, list | tuple) and v
-        and all(isinstance(w, str) and w and " " not in w for w in v) and len(set(v)) == len(v)
+        isinstance(k, str)
+        and isinstance(v, list | tuple)
+        and v
+        and all(isinstance(w, str) and w and " " not in w for w in v)
+        and len(set(v)) == len(v)
         for k, v in words.items()
-    )  # fmt: skip
+    )
     if not ok:
         raise ValueError(f"{where}: label_words must map each task to a list of distinct words")
     return {k: tuple(v) for k, v in words.items()}
@@ -134,8 +137,9 @@ class TokenizerEncoding:
                 continue  # a task not registered here: its words are never rendered
             base = tuple(getattr(mod, "LABELS", ()))
             if len(base) != len(words):
-                raise ValueError(f"label_words of {task} must be {len(base)} words, got "
-                                 f"{len(words)}")  # fmt: skip
+                raise ValueError(
+                    f"label_words of {task} must be {len(base)} words, got {len(words)}"
+                )
             out.update({b: w for b, w in zip(base, words, strict=True) if b != w})
         return out
 
@@ -152,8 +156,11 @@ class TokenizerEncoding:
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except (OSError, ValueError, TypeError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            files = [f for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-                     if (folder / f).is_file()]  # fmt: skip
+            files = [
+                f
+                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+                if (folder / f).is_file()
+            ]
             where = f"{folder} ({', '.join(files)})" if files else str(folder)
             raise ValueError(f"{where} has no usable tokenizer ({first})") from None
         enc = cls(tok, str(folder), label_words)
@@ -168,18 +175,27 @@ class TokenizerEncoding:
         unk = self.tok.unk_token_id
         text = self.tok.decode(ids[-1:]).strip() if ids else ""
         if not ids or (unk is not None and ids[-1] == unk) or text != vocab.COLON:
-            files = [f for f in ("tokenizer.json", "vocab.json", "tokenizer.model")
-                     if (Path(self.source) / f).is_file()]  # fmt: skip
+            files = [
+                f
+                for f in ("tokenizer.json", "vocab.json", "tokenizer.model")
+                if (Path(self.source) / f).is_file()
+            ]
             where = Path(self.source) / files[0] if self.source and files else self.source
-            raise ValueError(f"the tokenizer {where or ''} has no token of its own for the colon "
-                             f"{vocab.COLON!r} (it becomes {text or 'nothing'!r}): the tasks' "
-                             "prompts cannot be rendered with it")  # fmt: skip
+            raise ValueError(
+                f"the tokenizer {where or ''} has no token of its own for the colon "
+                f"{vocab.COLON!r} (it becomes {text or 'nothing'!r}): the tasks' "
+                "prompts cannot be rendered with it"
+            )
 
     def describe(self) -> dict:
         """What a dataset records of the tokenizer it was encoded with."""
-        return {"fingerprint": self.fingerprint, "source": self.source,
-                "class": type(self.tok).__name__, "size": self.vocab_size,
-                "label_words": {t: list(w) for t, w in self.label_words.items()}}  # fmt: skip
+        return {
+            "fingerprint": self.fingerprint,
+            "source": self.source,
+            "class": type(self.tok).__name__,
+            "size": self.vocab_size,
+            "label_words": {t: list(w) for t, w in self.label_words.items()},
+        }
 
     def _ids(self, text: str, offsets: bool = False):
         return self.tok(text, add_special_tokens=False, return_offsets_mapping=offsets)

@@ -73,12 +73,18 @@ def encode_all(encoding, examples, pairs):
     tok_meta = {**encoding.describe(), "colon_ids": colon_ids}
     twin_ids = None
     if pairs is not None:
-        kept = [None if t is None else encoding.encode_twin(e, t)
-                for t, e in zip(pairs, encoded, strict=True)]  # fmt: skip
-        pairs = [None if k is None else replace(t, position=k[1])
-                 for t, k in zip(pairs, kept, strict=True)]  # fmt: skip
-        twin_ids = ([[] if k is None else k[0] for k in kept],
-                    [-1 if k is None else k[2] for k in kept])  # fmt: skip
+        kept = [
+            None if t is None else encoding.encode_twin(e, t)
+            for t, e in zip(pairs, encoded, strict=True)
+        ]
+        pairs = [
+            None if k is None else replace(t, position=k[1])
+            for t, k in zip(pairs, kept, strict=True)
+        ]
+        twin_ids = (
+            [[] if k is None else k[0] for k in kept],
+            [-1 if k is None else k[2] for k in kept],
+        )
     return encoded, tok_meta, pairs, twin_ids
 
 
@@ -135,8 +141,9 @@ def output_path(out: str | Path | None, default: Path) -> Path:
     return Path(out)
 
 
-def write_dataset(task: str, out: Path, n_groups: int, distractors, seed: int, p, twins: bool,
-                  encoding, progress) -> None:  # fmt: skip
+def write_dataset(
+    task: str, out: Path, n_groups: int, distractors, seed: int, p, twins: bool, encoding, progress
+) -> None:
     """Draw ``task``'s examples (and twins) with its parameters ``p``, encode them with
     ``encoding`` (or the built-in words) and write the table to ``out``."""
     mod = get_task(task)
@@ -158,15 +165,32 @@ def write_dataset(task: str, out: Path, n_groups: int, distractors, seed: int, p
     write_table(to_table(examples, meta, pairs, encoded, twin_ids), out)
 
 
-def generate_task(*, task: str, out: str | Path | None = None, n_groups: int = DEFAULT_N_GROUPS,
-                  distractors: str = "default", seed: int = DEFAULT_SEED, force: bool = False,
-                  twins: bool = False, tokenizer: str | Path | None = None,
-                  progress=None) -> tuple[Path, tuple[int, ...]]:  # fmt: skip
+def generate_task(
+    *,
+    task: str,
+    out: str | Path | None = None,
+    n_groups: int = DEFAULT_N_GROUPS,
+    distractors: str = "default",
+    seed: int = DEFAULT_SEED,
+    force: bool = False,
+    twins: bool = False,
+    tokenizer: str | Path | None = None,
+    progress=None,
+) -> tuple[Path, tuple[int, ...]]:
     """``fbt-probe generate``: ``generate_dataset`` with the counts as the command line gives
     them ('0,1,4', '0-16', 'default'). Returns the file written and the counts."""
 
     get_task(task)
     counts = parse_distractors(distractors)
-    path = generate_dataset(task, out, n_groups, counts, seed, force=force, progress=progress,
-                            twins=twins, tokenizer=tokenizer)  # fmt: skip
+    path = generate_dataset(
+        task,
+        out,
+        n_groups,
+        counts,
+        seed,
+        force=force,
+        progress=progress,
+        twins=twins,
+        tokenizer=tokenizer,
+    )
     return path, counts

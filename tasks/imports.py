@@ -17,8 +17,9 @@ class MovedModuleFinder:
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED:
-            raise ModuleNotFoundError(f"{fullname} moved: import {MOVED[fullname]} instead",
-                                      name=fullname)  # fmt: skip
+            raise ModuleNotFoundError(
+                f"{fullname} moved: import {MOVED[fullname]} instead", name=fullname
+            )
         return None
 
 

@@ -33,8 +33,9 @@ def once(items: Iterable, option: str, spec: str) -> tuple:
     return items
 
 
-def comma_numbers(spec: str, option: str, expand: Callable[[str], list[int]],
-                  usage: str | None = None) -> tuple[int, ...]:  # fmt: skip
+def comma_numbers(
+    spec: str, option: str, expand: Callable[[str], list[int]], usage: str | None = None
+) -> tuple[int, ...]:
     """The numbers of ``spec``, each item expanded by ``expand`` ('4-6' -> 4, 5, 6), in
     order, each once. ``expand`` raises ValueError for an item it cannot read; with
     ``usage``, that error is the one line ``usage`` (an item named twice keeps its own)."""

@@ -76,8 +76,9 @@ def draw_bases(n_groups: int, seed: int, params: Params, stream: int) -> list[tu
     return [tuple(int(b) for b in rng.integers(0, 2, size=params.n_bits)) for _ in range(n_groups)]
 
 
-def render(bits: tuple[int, ...], n: int, rng: np.random.Generator, params: Params,
-           group: int = 0) -> Example:  # fmt: skip
+def render(
+    bits: tuple[int, ...], n: int, rng: np.random.Generator, params: Params, group: int = 0
+) -> Example:
     stored = answer(bits)
     prompt = (vocab.BOS, vocab.SET, *stored, *distractor_words(rng, n), vocab.COLON)
     return Example(NAME, group, n, prompt, stored)

@@ -17,8 +17,9 @@ class Registry(Mapping):
     """Entries of one ``kind`` (a word for messages: "task", "probe", ...) by name, in the
     order they were registered."""
 
-    def __init__(self, kind: str, identifiers: bool = True,
-                 builtins: Callable[[], None] | None = None):  # fmt: skip
+    def __init__(
+        self, kind: str, identifiers: bool = True, builtins: Callable[[], None] | None = None
+    ):
         """``builtins``: registers the built-in entries, called once on first use (before
         anything else is added), so that importing the registry imports none of them."""
         self.kind, self.identifiers = kind, identifiers
@@ -51,8 +52,10 @@ class Registry(Mapping):
         if self.identifiers and not name.isidentifier():
             raise ValueError(f"a {self.kind} needs a name that is an identifier, got {name!r}")
         if name in self._items and not replace:
-            raise ValueError(f"a {self.kind} named {name!r} is already registered; pass "
-                             "replace=True to replace it")  # fmt: skip
+            raise ValueError(
+                f"a {self.kind} named {name!r} is already registered; pass "
+                "replace=True to replace it"
+            )
 
     def remove(self, name: str) -> None:
         """Take ``name`` out (an entry registered for a while, as a test's own)."""

@@ -25,9 +25,14 @@ from pathlib import Path
 def _kind(path: Path) -> str:
 
     mode = path.lstat().st_mode
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
-                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a regular file"
@@ -238,8 +243,12 @@ def _holder(lock: Path) -> dict | None:
 
 
 def _take(lock: Path, out: Path) -> None:
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
-          "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": shlex.join(sys.argv),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     for _ in range(5):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, without_umask(0o666))
@@ -248,10 +257,18 @@ def _take(lock: Path, out: Path) -> None:
             if holder is None:  # stale: its writer is gone
                 lock.unlink(missing_ok=True)
                 continue
-            who = (f"process {holder['pid']} on {holder['host']} ({holder['command']}), since "
-                   f"{holder['since']}") if holder else "another process"  # fmt: skip
-            raise FileExistsError(f"{out} is being written by {who}; wait for it to end, or "
-                                  f"delete {lock} if that process is gone") from None  # fmt: skip
+            who = (
+                (
+                    f"process {holder['pid']} on {holder['host']} ({holder['command']}), since "
+                    f"{holder['since']}"
+                )
+                if holder
+                else "another process"
+            )
+            raise FileExistsError(
+                f"{out} is being written by {who}; wait for it to end, or "
+                f"delete {lock} if that process is gone"
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(me) + "\n")
         return

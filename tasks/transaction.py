@@ -120,5 +120,7 @@ def earlier_run(found: list[Path], flag: str = "--out") -> str:
     """The one line that refuses an earlier run's outputs ``found`` (``flag``: the option
     that chose the destination)."""
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    return (f"{found[0]}{more} exists from an earlier run: pass --force to replace the "
-            f"earlier run's outputs, or choose another {flag}")  # fmt: skip
+    return (
+        f"{found[0]}{more} exists from an earlier run: pass --force to replace the "
+        f"earlier run's outputs, or choose another {flag}"
+    )

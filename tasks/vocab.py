@@ -25,11 +25,39 @@ VALUES = tuple(f"V{i}" for i in range(10))  # V0..V9
 COUNTS = tuple(f"N{i}" for i in range(1, 10))  # N1..N9
 # semantically irrelevant distractor words
 DISTRACTORS = (
-    "the", "a", "of", "and", "to", "in", "it", "is",
-    "was", "for", "on", "as", "with", "by", "at", "from",
-    "red", "blue", "green", "tall", "small", "old", "new", "far",
-    "cat", "dog", "tree", "rock", "river", "cloud", "road", "bird",
-)  # fmt: skip
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "it",
+    "is",
+    "was",
+    "for",
+    "on",
+    "as",
+    "with",
+    "by",
+    "at",
+    "from",
+    "red",
+    "blue",
+    "green",
+    "tall",
+    "small",
+    "old",
+    "new",
+    "far",
+    "cat",
+    "dog",
+    "tree",
+    "rock",
+    "river",
+    "cloud",
+    "road",
+    "bird",
+)
 
 TOKENS: tuple[str, ...] = (
     (PAD, BOS, COLON, SET, ZERO, ONE, NEED, STEP, DONE, MORE)

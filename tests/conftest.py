@@ -38,8 +38,17 @@ def fitted(tmp_path_factory):
     data = generate_dataset(
         "delayed_memory", tmp / "dm.parquet", n_groups=12, distractors=(1, 6), seed=3
     )
-    run_fit(model, name, ("delayed_memory",), ("standard", "recurrent"), {"delayed_memory": data},
-            tmp / "fit", controls=False, per_count=False, cache_dir=tmp / "c")  # fmt: skip
+    run_fit(
+        model,
+        name,
+        ("delayed_memory",),
+        ("standard", "recurrent"),
+        {"delayed_memory": data},
+        tmp / "fit",
+        controls=False,
+        per_count=False,
+        cache_dir=tmp / "c",
+    )
     return model, tmp, data
 
 
@@ -58,16 +67,47 @@ def results(tmp_path):
             counts = ["1-256"] + (["1", "16", "256"] if model == "trained" else [])
             for c in counts:
                 acc = round(float(rng.uniform(0.5, 1.0)), 4)
-                rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
-                             "distractors": c, "overwrites": "all", "accuracy": acc, "ci_low": acc - 0.05,
-                             "ci_high": min(1.0, acc + 0.05), "chance": 0.5 if task != "multi_register" else 0.25,
-                             "majority": 0.5, "n_examples": 100, "n_groups": 20, "C": 1.0})  # fmt: skip
+                rows.append(
+                    {
+                        "task": task,
+                        "target": target,
+                        "model": model,
+                        "prefill": prefill,
+                        "depth": depth,
+                        "distractors": c,
+                        "overwrites": "all",
+                        "accuracy": acc,
+                        "ci_low": acc - 0.05,
+                        "ci_high": min(1.0, acc + 0.05),
+                        "chance": 0.5 if task != "multi_register" else 0.25,
+                        "majority": 0.5,
+                        "n_examples": 100,
+                        "n_groups": 20,
+                        "C": 1.0,
+                    }
+                )
             if task == "multi_register" and model == "trained":
                 for k in range(3):
                     acc = round(float(rng.uniform(0.3, 1.0)), 4)
-                    rows.append({"task": task, "target": target, "model": model, "prefill": prefill, "depth": depth,
-                                 "distractors": "1-256", "overwrites": str(k), "accuracy": acc, "ci_low": acc,
-                                 "ci_high": acc, "chance": 0.25, "majority": 0.3, "n_examples": 30, "n_groups": 10, "C": 1.0})  # fmt: skip
+                    rows.append(
+                        {
+                            "task": task,
+                            "target": target,
+                            "model": model,
+                            "prefill": prefill,
+                            "depth": depth,
+                            "distractors": "1-256",
+                            "overwrites": str(k),
+                            "accuracy": acc,
+                            "ci_low": acc,
+                            "ci_high": acc,
+                            "chance": 0.25,
+                            "majority": 0.3,
+                            "n_examples": 30,
+                            "n_groups": 10,
+                            "C": 1.0,
+                        }
+                    )
     df = pd.DataFrame(rows).assign(probe="logistic", site="resid")[COLUMNS]
     res = tmp_path / "res"
     res.mkdir()

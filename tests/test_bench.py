@@ -16,8 +16,12 @@ def test_shape_ceiling_counts_the_flops_useful_flops_counts_on_unpadded_rows(pas
     examples = [ex for ex in examples if len(ex.tokens) == n]  # one length: no padding
     assert examples
     useful = useful_flops(cfg, examples, passes, warm, True, grad_only=True)
-    sample = {"shapes": [(len(examples), n, passes, passes if warm else passes - 1)],
-              "seconds": 1.0, "warm_states_s": 0.0, "useful_grad_flops": useful}  # fmt: skip
+    sample = {
+        "shapes": [(len(examples), n, passes, passes if warm else passes - 1)],
+        "seconds": 1.0,
+        "warm_states_s": 0.0,
+        "useful_grad_flops": useful,
+    }
     out = shape_ceiling(cfg, sample, peak=1e11)
     assert out["ops_flops"] == pytest.approx(useful, rel=1e-12)
     assert out["ops_alone_s"] >= 0 and 0 < out["attention_share_of_time"] < 1

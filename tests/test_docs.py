@@ -35,10 +35,14 @@ def test_three_tutorials_each_paired_with_its_notebook():
 
 # what each tutorial leaves in its folder, the proof that it got to its end
 WRITES = {
-    "01_probe_in_five_minutes": ["results/report.html", "results/probe_results.csv", "results/figures/heatmap_delayed_memory_prefill_by_depth.png"],
+    "01_probe_in_five_minutes": [
+        "results/report.html",
+        "results/probe_results.csv",
+        "results/figures/heatmap_delayed_memory_prefill_by_depth.png",
+    ],
     "02_is_it_used": ["interventions/interventions.csv", "fit/probe_results.csv"],
     "03_your_own_model": ["view.html", "fit/probes/probes.json"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("script", TUTORIALS, ids=lambda p: p.stem)
@@ -51,8 +55,9 @@ def test_the_tutorial_runs_as_a_notebook(script, tmp_path, monkeypatch):
         "FBT_TUTORIAL_MODEL", "tiny"
     )  # the tiny model, even where SmolLM2 is converted
     nb = jupytext.read(script)
-    NotebookClient(nb, timeout=240, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT)}}).execute()  # fmt: skip
+    NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    ).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     out = tmp_path / script.stem[:2]
@@ -65,8 +70,14 @@ def test_the_tutorial_runs_as_a_notebook(script, tmp_path, monkeypatch):
 def test_the_docs_site_builds_strict_with_the_api_reference_and_tutorials(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    got = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    got = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode == 0, got.stderr[-2000:]
     api = (site / "api" / "model.html").read_text()
     assert "run_with_pass_caches" in api and "feedback_pass" in api  # from the docstrings

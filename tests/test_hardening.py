@@ -106,23 +106,44 @@ def test_small_option_checks(tmp_path, model_dir):
 
 # every list option goes through one parser (tasks.lists): an item named twice is refused in
 # one line naming the option, before any work
-@pytest.mark.parametrize("argv,culprit", [
-    (["fit", "-p", "standard,standard", "--task", "delayed_memory"], "--prefill 'standard,standard': standard is named twice"),
-    (["fit", "--task", "delayed_memory,delayed_memory"], "--task 'delayed_memory,delayed_memory': delayed_memory is named twice"),
-    (["eval", "--modes", "soft,soft"], "--modes 'soft,soft': soft is named twice"),
-    (["eval", "--task", "done_tracking, done_tracking"], "done_tracking is named twice"),
-    (["intervene", "--intervention", "self,self"], "--intervention 'self,self': self is named twice"),
-    (["intervene", "--depths", "0,1,0"], "--depths '0,1,0': 0 is named twice"),
-    (["patch", "--kinds", "resid,resid"], "--kinds 'resid,resid': resid is named twice"),
-    (["patch", "--depths", "1,1"], "--depths '1,1': 1 is named twice"),
-    (["attribute", "--kinds", "head,state,head"], "--kinds 'head,state,head': head is named twice"),
-    (["lens", "--task", "done_tracking,done_tracking"], "done_tracking is named twice"),
-    (["trajectory", "--task", "multi_register,multi_register"], "multi_register is named twice"),
-    (["generate", "--task", "delayed_memory", "--distractors", "0-8,4"], "--distractors '0-8,4': 4 is named twice"),
-    (["seeds", "run", "--seeds", "0-2,1"], "--seeds '0-2,1': 1 is named twice"),
-    (["view", "--examples", "3,3"], "--examples '3,3': 3 is named twice"),
-    (["patch", "--kinds", "resid,,head"], "--kinds 'resid,,head': an empty item"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,culprit",
+    [
+        (
+            ["fit", "-p", "standard,standard", "--task", "delayed_memory"],
+            "--prefill 'standard,standard': standard is named twice",
+        ),
+        (
+            ["fit", "--task", "delayed_memory,delayed_memory"],
+            "--task 'delayed_memory,delayed_memory': delayed_memory is named twice",
+        ),
+        (["eval", "--modes", "soft,soft"], "--modes 'soft,soft': soft is named twice"),
+        (["eval", "--task", "done_tracking, done_tracking"], "done_tracking is named twice"),
+        (
+            ["intervene", "--intervention", "self,self"],
+            "--intervention 'self,self': self is named twice",
+        ),
+        (["intervene", "--depths", "0,1,0"], "--depths '0,1,0': 0 is named twice"),
+        (["patch", "--kinds", "resid,resid"], "--kinds 'resid,resid': resid is named twice"),
+        (["patch", "--depths", "1,1"], "--depths '1,1': 1 is named twice"),
+        (
+            ["attribute", "--kinds", "head,state,head"],
+            "--kinds 'head,state,head': head is named twice",
+        ),
+        (["lens", "--task", "done_tracking,done_tracking"], "done_tracking is named twice"),
+        (
+            ["trajectory", "--task", "multi_register,multi_register"],
+            "multi_register is named twice",
+        ),
+        (
+            ["generate", "--task", "delayed_memory", "--distractors", "0-8,4"],
+            "--distractors '0-8,4': 4 is named twice",
+        ),
+        (["seeds", "run", "--seeds", "0-2,1"], "--seeds '0-2,1': 1 is named twice"),
+        (["view", "--examples", "3,3"], "--examples '3,3': 3 is named twice"),
+        (["patch", "--kinds", "resid,,head"], "--kinds 'resid,,head': an empty item"),
+    ],
+)
 def test_an_item_named_twice_in_any_list_option_is_refused_before_any_work(
     tmp_path, monkeypatch, argv, culprit
 ):
@@ -155,8 +176,9 @@ def console(argv, monkeypatch, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("verb", SEEDED)
-def test_a_negative_seed_is_refused_naming_it_on_every_analysis(tmp_path, monkeypatch, capsys,
-                                                                verb):  # fmt: skip
+def test_a_negative_seed_is_refused_naming_it_on_every_analysis(
+    tmp_path, monkeypatch, capsys, verb
+):
     import probes
 
     monkeypatch.chdir(tmp_path)
@@ -168,10 +190,15 @@ def test_a_negative_seed_is_refused_naming_it_on_every_analysis(tmp_path, monkey
     assert files_under(tmp_path) == []
 
 
-@pytest.mark.parametrize("argv", [["patch", "--task", "done_tracking,delayed_memory"],
-                                  ["attribute", "--task", "all"],
-                                  ["view", "--task", "delayed_memory,done_tracking"],
-                                  ["stability", "--task", "done_tracking,multi_register"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["patch", "--task", "done_tracking,delayed_memory"],
+        ["attribute", "--task", "all"],
+        ["view", "--task", "delayed_memory,done_tracking"],
+        ["stability", "--task", "done_tracking,multi_register"],
+    ],
+)
 def test_a_verb_of_one_task_refuses_a_list_naming_task(tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
     one_line_error(
@@ -237,8 +264,18 @@ def test_sigterm_removes_the_partial_file(tmp_path):
     for n_groups in (6000, 12000, 24000):
         folder = tmp_path / str(n_groups)
         folder.mkdir()
-        cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task", "multi_register",
-               "--n-groups", str(n_groups), "--out", str(folder / "big.parquet")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-c",
+            "import cli; cli.main()",
+            "generate",
+            "--task",
+            "multi_register",
+            "--n-groups",
+            str(n_groups),
+            "--out",
+            str(folder / "big.parquet"),
+        ]
         p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         while not any(folder.iterdir()) and p.poll() is None and time.monotonic() - t0 < 120:
@@ -406,20 +443,36 @@ def _edit_recipe(run: Path) -> None:
 
 RESUME_CASES = {
     "recipe edited": (_edit_recipe, "state.pt was written by another recipe or seed than"),
-    "state.pt of another seed": (_from_another_seed, "state.pt was written by another recipe or seed"),
-    "step far beyond": (lambda r: _edit_state(r, lambda s: {**s, "step": 10**12}),
-                        "state.pt is at step 1000000000000, outside this run's 0..4"),
+    "state.pt of another seed": (
+        _from_another_seed,
+        "state.pt was written by another recipe or seed",
+    ),
+    "step far beyond": (
+        lambda r: _edit_state(r, lambda s: {**s, "step": 10**12}),
+        "state.pt is at step 1000000000000, outside this run's 0..4",
+    ),
     "negative step": (lambda r: _edit_state(r, lambda s: {**s, "step": -3}), "at step -3, outside"),
     "step not an int": (lambda r: _edit_state(r, lambda s: {**s, "step": "2"}), "at step '2'"),
-    "history cut": (lambda r: _edit_state(r, lambda s: {**s, "history": s["history"][:1]}),
-                    "state.pt is damaged: its history does not hold its 2 steps"),
-    "an empty dict": (lambda r: _edit_state(r, lambda s: {}), "state.pt is not a training checkpoint"),
+    "history cut": (
+        lambda r: _edit_state(r, lambda s: {**s, "history": s["history"][:1]}),
+        "state.pt is damaged: its history does not hold its 2 steps",
+    ),
+    "an empty dict": (
+        lambda r: _edit_state(r, lambda s: {}),
+        "state.pt is not a training checkpoint",
+    ),
     "a list": (lambda r: _edit_state(r, lambda s: [1, 2]), "state.pt is not a training checkpoint"),
-    "model weights corrupt": (lambda r: (r / "model" / "model.safetensors").write_bytes(b"\x00" * 64),
-                              "model.safetensors cannot be read"),
-    "model weights cut": (lambda r: (r / "model" / "model.safetensors").write_bytes(
-        (r / "model" / "model.safetensors").read_bytes()[:-100]), "model.safetensors cannot be read"),
-}  # fmt: skip
+    "model weights corrupt": (
+        lambda r: (r / "model" / "model.safetensors").write_bytes(b"\x00" * 64),
+        "model.safetensors cannot be read",
+    ),
+    "model weights cut": (
+        lambda r: (r / "model" / "model.safetensors").write_bytes(
+            (r / "model" / "model.safetensors").read_bytes()[:-100]
+        ),
+        "model.safetensors cannot be read",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(RESUME_CASES))
@@ -594,15 +647,31 @@ def test_sizes_beyond_what_runs_are_refused(tmp_path, model_dir, args, msg):
 
 
 def test_fit_checks_folds_and_sites_before_it_makes_the_results_folder(tmp_path, model_dir):
-    one = generate_dataset("delayed_memory", tmp_path / "one.parquet", n_groups=3,
-                           distractors=(1, 4), seed=2)  # fmt: skip
+    one = generate_dataset(
+        "delayed_memory", tmp_path / "one.parquet", n_groups=3, distractors=(1, 4), seed=2
+    )
     out = tmp_path / "res"
-    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(one),
-                                 "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["fit", "--model", str(model_dir), "--data", str(one), "--out", str(out)]
+    )
     one_line_error(r, "--folds 5: the delayed_memory dataset has only 3 groups")
     data = _dataset(tmp_path)
-    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(data), "-p",
-                                 "standard", "--site", "fusion.hook_state", "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(data),
+            "-p",
+            "standard",
+            "--site",
+            "fusion.hook_state",
+            "--out",
+            str(out),
+        ],
+    )
     one_line_error(r, "fusion.hook_state fires under none of the prefills standard")
     assert not out.exists()
 
@@ -634,12 +703,19 @@ def _hf_variant(src, dst, broken):
     ],
 )
 @pytest.mark.parametrize("cmd", ["eval", "fit", "stability"])
-def test_a_broken_hugging_face_folder_is_refused_with_its_name(hf_folder, tmp_path, what, msg, cmd,
-                                                                monkeypatch):  # fmt: skip
+def test_a_broken_hugging_face_folder_is_refused_with_its_name(
+    hf_folder, tmp_path, what, msg, cmd, monkeypatch
+):
     from fbt_probe.hf import FORMAT
 
-    fusion_cfg = {"format": FORMAT, "version": 1, "fusion": "gated", "jitter": 0.0,
-                  "norm_eps": 1e-6, "d_model": 32}  # fmt: skip
+    fusion_cfg = {
+        "format": FORMAT,
+        "version": 1,
+        "fusion": "gated",
+        "jitter": 0.0,
+        "norm_eps": 1e-6,
+        "d_model": 32,
+    }
 
     def broken(d):
         if what == "weights":
@@ -657,9 +733,11 @@ def test_a_broken_hugging_face_folder_is_refused_with_its_name(hf_folder, tmp_pa
     folder = _hf_variant(hf_folder, tmp_path / "m", broken)
     monkeypatch.chdir(tmp_path)  # a dataset generated before the refusal would land in data/
     before = files_under(tmp_path)
-    args = {"eval": ["eval", "--n-groups", "5", "--task", "delayed_memory"],
-            "fit": ["fit", "--task", "delayed_memory", "--out", "res"],
-            "stability": ["stability", "--prefill", "k2", "--decode-tokens", "0", "--out", "st"]}[cmd]  # fmt: skip
+    args = {
+        "eval": ["eval", "--n-groups", "5", "--task", "delayed_memory"],
+        "fit": ["fit", "--task", "delayed_memory", "--out", "res"],
+        "stability": ["stability", "--prefill", "k2", "--decode-tokens", "0", "--out", "st"],
+    }[cmd]
     r = CliRunner().invoke(app, [*args, "--model", str(folder)])
     one_line_error(r, str(folder), msg)
     assert files_under(tmp_path) == before
@@ -678,15 +756,29 @@ def _full_disk_after(n_bytes):
     return write
 
 
-def test_a_full_disk_while_fit_writes_its_table_leaves_no_partial_file(tmp_path, model_dir,
-                                                                        monkeypatch):  # fmt: skip
+def test_a_full_disk_while_fit_writes_its_table_leaves_no_partial_file(
+    tmp_path, model_dir, monkeypatch
+):
     import pandas as pd
 
     data = _dataset(tmp_path)
     monkeypatch.setattr(pd.DataFrame, "to_csv", lambda self, path, **k: _full_disk_after(100)(path))
     out = tmp_path / "res"
-    r = CliRunner().invoke(app, ["fit", "--model", str(model_dir), "--data", str(data), "-p",
-                                 "standard", "--no-controls", "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(data),
+            "-p",
+            "standard",
+            "--no-controls",
+            "--out",
+            str(out),
+        ],
+    )
     # the work's progress lines may come first (on a slow machine): the error is the last line
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     last = r.stderr.strip().splitlines()[-1]
@@ -708,8 +800,9 @@ def test_a_full_disk_at_a_checkpoint_leaves_no_partial_state(tmp_path, monkeypat
     assert not (out / "state.pt").exists() and _no_temp_files(out) == []
 
 
-def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(hf_folder, tmp_path,
-                                                                              monkeypatch):  # fmt: skip
+def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(
+    hf_folder, tmp_path, monkeypatch
+):
     import safetensors.torch
 
     from fbt_probe.hf import load_hf, save_hf
@@ -735,8 +828,9 @@ def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
     # as root a folder's mode does not stop a write: the creation of the temp file is denied
     monkeypatch.setattr(tasks.safe_files, "_create_file", denied)
     out = tmp_path / "d.parquet"
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
-                                 "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["generate", "--task", "delayed_memory", "--n-groups", "4", "--out", str(out)]
+    )
     one_line_error(r, f"cannot write {out}: Permission denied")
     assert files_under(tmp_path) == []
 
@@ -784,13 +878,30 @@ def test_a_ctrl_c_between_a_folders_two_replaces_puts_the_old_one_back(tmp_path,
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path, sig):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-c", "import cli; cli.main()", "train", "-c", "tiny", "--set",
-           "steps=100000", "--set", "run.checkpoint_every=1", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "import cli; cli.main()",
+        "train",
+        "-c",
+        "tiny",
+        "--set",
+        "steps=100000",
+        "--set",
+        "run.checkpoint_every=1",
+        "--out",
+        str(out),
+    ]
     # Ctrl-C in a terminal reaches a process whose SIGINT is the default; a runner started in
     # the background by a non-interactive shell passes SIGINT on ignored, and Python then never
     # raises KeyboardInterrupt: give the child the terminal's disposition
-    p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    p = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).parents[1],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     t0 = time.monotonic()
     while not (out / "state.pt").exists() and p.poll() is None and time.monotonic() - t0 < 120:
         time.sleep(0.01)  # until it has checkpointed once: it is mid-run
@@ -811,10 +922,23 @@ def test_a_signal_at_any_moment_gives_its_exit_code_one_line_and_no_partial_file
         pytest.skip("the fbt-probe console script is not installed beside this python")
 
     def start(out):
-        cmd = [str(script), "generate", "--task", "done_tracking", "--n-groups", "300",
-               "--out", str(out)]  # fmt: skip
-        return subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        cmd = [
+            str(script),
+            "generate",
+            "--task",
+            "done_tracking",
+            "--n-groups",
+            "300",
+            "--out",
+            str(out),
+        ]
+        return subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
     t0 = time.monotonic()
     p = start(tmp_path / "whole.parquet")
@@ -859,8 +983,19 @@ def finished_seeds(tmp_path_factory):
     """Finished tiny runs of seeds 0 and 1 (2 steps), as a study names them."""
     root = tmp_path_factory.mktemp("seeds")
     for s in (0, 1):
-        args = ["train", "-c", "tiny", "--set", "steps=2", "--set", f"run.seed={s}",
-                "--set", f"name=tiny-seed{s}", "--out", str(root / f"seed-{s}")]  # fmt: skip
+        args = [
+            "train",
+            "-c",
+            "tiny",
+            "--set",
+            "steps=2",
+            "--set",
+            f"run.seed={s}",
+            "--set",
+            f"name=tiny-seed{s}",
+            "--out",
+            str(root / f"seed-{s}"),
+        ]
         assert CliRunner().invoke(app, args).exit_code == 0
     return root
 
@@ -868,20 +1003,25 @@ def finished_seeds(tmp_path_factory):
 SEED_CASES = {
     "seed 1's run in seed 0's folder": (
         lambda d: shutil.copytree(d / "from" / "seed-1", d / "study" / "seed-0"),
-        "seed-0 was trained with seed 1, not seed 0"),
+        "seed-0 was trained with seed 1, not seed 0",
+    ),
     "metrics.json not JSON": (
         lambda d: (d / "study" / "seed-0" / "metrics.json").write_text("{oops"),
-        "seed-0/metrics.json cannot be read as JSON"),
+        "seed-0/metrics.json cannot be read as JSON",
+    ),
     "metrics.json a list": (
         lambda d: (d / "study" / "seed-0" / "metrics.json").write_text("[1]"),
-        "seed-0/metrics.json is not a JSON object"),
+        "seed-0/metrics.json is not a JSON object",
+    ),
     "seed_row.json not JSON": (
         lambda d: (d / "study" / "seed-0" / "seed_row.json").write_bytes(b"\xff\xfe"),
-        "seed-0/seed_row.json cannot be read as JSON"),
+        "seed-0/seed_row.json cannot be read as JSON",
+    ),
     "seed_row.json with a text": (
         lambda d: (d / "study" / "seed-0" / "seed_row.json").write_text('{"probe/x": "high"}'),
-        "seed-0/seed_row.json is damaged: 'probe/x' is not a number"),
-}  # fmt: skip
+        "seed-0/seed_row.json is damaged: 'probe/x' is not a number",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(SEED_CASES))
@@ -901,38 +1041,59 @@ def test_a_seed_study_refuses_a_folder_it_cannot_trust(finished_seeds, tmp_path,
 
 
 # ---- one writer per output --------------------------------------------------------------------
-HOLD = ("import sys\nfrom tasks.safe_files import claim\nwith claim(sys.argv[1]):\n"
-        "    print('held', flush=True)\n    sys.stdin.read()\n")  # fmt: skip
+HOLD = (
+    "import sys\nfrom tasks.safe_files import claim\nwith claim(sys.argv[1]):\n"
+    "    print('held', flush=True)\n    sys.stdin.read()\n"
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def hold(path):
     """Another process that holds ``path`` as a writer does, until its stdin closes."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=ROOT, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert p.stdout.readline().strip() == "held"
     return p
 
 
 def _writers(tmp_path, model_dir):
     data = _dataset(tmp_path)
-    twins = generate_dataset("delayed_memory", tmp_path / "tw.parquet", n_groups=6,
-                             distractors=(1, 4), seed=2, twins=True)  # fmt: skip
+    twins = generate_dataset(
+        "delayed_memory",
+        tmp_path / "tw.parquet",
+        n_groups=6,
+        distractors=(1, 4),
+        seed=2,
+        twins=True,
+    )
     tiny = ["-c", "tiny", "--set", "steps=2"]
     return {
-        "generate": (tmp_path / "g.parquet", ["generate", "--task", "delayed_memory", "--n-groups", "4"]),
+        "generate": (
+            tmp_path / "g.parquet",
+            ["generate", "--task", "delayed_memory", "--n-groups", "4"],
+        ),
         "fit": (tmp_path / "res", ["fit", "--model", str(model_dir), "--data", str(data)]),
-        "intervene": (tmp_path / "iv", ["intervene", "--model", str(model_dir), "--data", str(twins)]),
+        "intervene": (
+            tmp_path / "iv",
+            ["intervene", "--model", str(model_dir), "--data", str(twins)],
+        ),
         "train": (tmp_path / "run", ["train", *tiny]),
         "train --resume": (tmp_path / "stopped", ["train", "--resume"]),
         "seeds run": (tmp_path / "study", ["seeds", "run", "--seeds", "0", *tiny]),
-    }  # fmt: skip
+    }
 
 
-@pytest.mark.parametrize("cmd", ["generate", "fit", "intervene", "train", "train --resume",
-                                 "seeds run"])  # fmt: skip
-def test_a_second_writer_of_one_output_is_refused_naming_the_holder(tmp_path, model_dir,
-                                                                   stopped_run, cmd):  # fmt: skip
+@pytest.mark.parametrize(
+    "cmd", ["generate", "fit", "intervene", "train", "train --resume", "seeds run"]
+)
+def test_a_second_writer_of_one_output_is_refused_naming_the_holder(
+    tmp_path, model_dir, stopped_run, cmd
+):
     shutil.copytree(stopped_run, tmp_path / "stopped")
     out, args = _writers(tmp_path, model_dir)[cmd]
     holder = hold(out)
@@ -948,10 +1109,21 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_holder(tmp_path, mo
 
 def test_two_generate_processes_at_once_one_writes_the_other_is_refused(tmp_path):
     out = tmp_path / "d.parquet"
-    cmd = [sys.executable, "-c", "import cli; cli.main()", "generate", "--task",
-           "multi_register", "--n-groups", "6000", "--out", str(out)]  # fmt: skip
-    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "import cli; cli.main()",
+        "generate",
+        "--task",
+        "multi_register",
+        "--n-groups",
+        "6000",
+        "--out",
+        str(out),
+    ]
+    first = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     lock = tmp_path / ".d.parquet.lock"
     t0 = time.monotonic()
     while not lock.exists() and first.poll() is None and time.monotonic() - t0 < 120:
@@ -981,16 +1153,18 @@ def test_a_claim_whose_writer_is_gone_is_cleared(tmp_path, how):
         lock.write_text("{")
         os.utime(lock, (time.time() - 120, time.time() - 120))
     assert lock.exists()
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
-                                 "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["generate", "--task", "delayed_memory", "--n-groups", "4", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]
 
 
 def test_generate_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
-                                 "--out", "newdir/"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["generate", "--task", "delayed_memory", "--n-groups", "4", "--out", "newdir/"]
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "newdir" / "delayed_memory.parquet").is_file()
     assert "wrote newdir/delayed_memory.parquet" in r.output
@@ -1019,22 +1193,47 @@ def _fusion_edit(fn):
 
 
 HF_CASES = {
-    "not a causal LM": (_config_edit("architectures", ["BertForMaskedLM"]),
-                        "config.json: architecture BertForMaskedLM is not a causal LM"),
-    "unknown model type": (_config_edit("model_type", "nonsense"),
-                           "config.json is not a Hugging Face model config"),
-    "vocabulary below the tokenizer's": (_config_edit("vocab_size", 10),
-                                         "config.json: vocab_size 10 is smaller than the tokenizer's"),
-    "context too short": (_config_edit("max_position_embeddings", 8),
-                          "exceeds the context length 8 ({folder}/config.json)"),
-    "fusion config a list": (_fusion_edit(lambda c: [1]), "fusion_config.json is not an fbt-probe fusion config"),
-    "jitter a string": (_fusion_edit(lambda c: {**c, "jitter": "x"}),
-                        "fusion_config.json: jitter must be a number in [0, 1), got 'x'"),
-    "jitter 5": (_fusion_edit(lambda c: {**c, "jitter": 5}), "fusion_config.json: jitter must be a number in [0, 1), got 5"),
-    "unknown fusion": (_fusion_edit(lambda c: {**c, "fusion": "sum"}), "fusion_config.json: fusion must be one of"),
-    "d_model a string": (_fusion_edit(lambda c: {**c, "d_model": "a"}), "fusion_config.json: d_model must be a positive integer"),
-    "tokenizer.json broken": (lambda d: (d / "tokenizer.json").write_text("{"), "(tokenizer.json, tokenizer_config.json) has no usable tokenizer"),
-}  # fmt: skip
+    "not a causal LM": (
+        _config_edit("architectures", ["BertForMaskedLM"]),
+        "config.json: architecture BertForMaskedLM is not a causal LM",
+    ),
+    "unknown model type": (
+        _config_edit("model_type", "nonsense"),
+        "config.json is not a Hugging Face model config",
+    ),
+    "vocabulary below the tokenizer's": (
+        _config_edit("vocab_size", 10),
+        "config.json: vocab_size 10 is smaller than the tokenizer's",
+    ),
+    "context too short": (
+        _config_edit("max_position_embeddings", 8),
+        "exceeds the context length 8 ({folder}/config.json)",
+    ),
+    "fusion config a list": (
+        _fusion_edit(lambda c: [1]),
+        "fusion_config.json is not an fbt-probe fusion config",
+    ),
+    "jitter a string": (
+        _fusion_edit(lambda c: {**c, "jitter": "x"}),
+        "fusion_config.json: jitter must be a number in [0, 1), got 'x'",
+    ),
+    "jitter 5": (
+        _fusion_edit(lambda c: {**c, "jitter": 5}),
+        "fusion_config.json: jitter must be a number in [0, 1), got 5",
+    ),
+    "unknown fusion": (
+        _fusion_edit(lambda c: {**c, "fusion": "sum"}),
+        "fusion_config.json: fusion must be one of",
+    ),
+    "d_model a string": (
+        _fusion_edit(lambda c: {**c, "d_model": "a"}),
+        "fusion_config.json: d_model must be a positive integer",
+    ),
+    "tokenizer.json broken": (
+        lambda d: (d / "tokenizer.json").write_text("{"),
+        "(tokenizer.json, tokenizer_config.json) has no usable tokenizer",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(HF_CASES))
@@ -1045,8 +1244,9 @@ def test_a_hugging_face_refusal_names_the_folder_and_the_file(
     folder = _hf_variant(hf_folder, tmp_path / "m", broken)
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
-    r = CliRunner().invoke(app, ["eval", "--n-groups", "5", "--task", "delayed_memory",
-                                 "--model", str(folder)])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["eval", "--n-groups", "5", "--task", "delayed_memory", "--model", str(folder)]
+    )
     one_line_error(r, str(folder), needle.format(folder=folder))
     assert snapshot(tmp_path) == before
 
@@ -1065,8 +1265,20 @@ def test_a_tokenizer_without_a_colon_token_is_refused_before_anything_is_written
     folder = model_folder(tmp_path / "m", "llama", tok)
     before = snapshot(tmp_path)
     out = tmp_path / "d.parquet"
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--n-groups", "4",
-                                 "--tokenizer", str(folder), "--out", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            "delayed_memory",
+            "--n-groups",
+            "4",
+            "--tokenizer",
+            str(folder),
+            "--out",
+            str(out),
+        ],
+    )
     one_line_error(r, f"{folder}/tokenizer.json has no token of its own for the colon ':'")
     assert snapshot(tmp_path) == before
 
@@ -1086,24 +1298,34 @@ def test_a_config_that_is_not_a_recipe_file_is_named(tmp_path, what):
 # ---- what research/hardening_audit.py found: each option named, each refused before work --
 AUDIT_FOUND = [
     (["generate", "--task", "delayed_memory", "--distractors", "-1"], "--distractors '-1'"),
-    (["generate", "--task", "delayed_memory", "--distractors", "300"], "--distractors '300': distractor count 300 outside [0, 256]"),
+    (
+        ["generate", "--task", "delayed_memory", "--distractors", "300"],
+        "--distractors '300': distractor count 300 outside [0, 256]",
+    ),
     (["generate", "--task", "delayed_memory", "--distractors", "5-2"], "--distractors '5-2'"),
     (["generate", "--task", "delayed_memory", "--distractors", "0,,1"], "--distractors '0,,1'"),
     (["eval", "--modes", "nope"], "--modes 'nope': unknown decoding mode 'nope'"),
     (["eval", "--modes", "standard,,full"], "--modes 'standard,,full'"),
-    (["stability", "--prefill", "k2"], "--decode-tokens 1000: the prompt and the decoded tokens need"),
-    (["lens", "--position", "nope"], "--position 'nope': task delayed_memory declares no such position"),
+    (
+        ["stability", "--prefill", "k2"],
+        "--decode-tokens 1000: the prompt and the decoded tokens need",
+    ),
+    (
+        ["lens", "--position", "nope"],
+        "--position 'nope': task delayed_memory declares no such position",
+    ),
     (["lens", "--position", ""], "--position ''"),
     (["patch", "--depths", "1,,2"], "--depths '1,,2'"),
     (["heads", "--seed", "-1"], "--seed must be at least 0, got -1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
     "args,needle", AUDIT_FOUND, ids=[" ".join(a[:1] + a[-2:]) for a, _ in AUDIT_FOUND]
 )
-def test_options_the_audit_found_are_refused_by_name_before_any_work(model_dir, tmp_path,
-                                                                     monkeypatch, args, needle):  # fmt: skip
+def test_options_the_audit_found_are_refused_by_name_before_any_work(
+    model_dir, tmp_path, monkeypatch, args, needle
+):
     monkeypatch.chdir(tmp_path)  # a default dataset generated before the refusal would land here
     extra = [] if args[0] == "generate" else ["--model", str(model_dir), "--task", "delayed_memory"]
     before = snapshot(tmp_path)
@@ -1150,8 +1372,14 @@ def test_every_verb_prices_its_work_before_it_starts(tmp_path, monkeypatch, verb
     with nothing written (the data they would read generated beforehand)."""
     import fbt_probe.budget as budget
 
-    data = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=6,
-                            distractors=(1, 4), seed=2, twins=True)  # fmt: skip
+    data = generate_dataset(
+        "delayed_memory",
+        tmp_path / "dm.parquet",
+        n_groups=6,
+        distractors=(1, 4),
+        seed=2,
+        twins=True,
+    )
     monkeypatch.setattr(budget, "LIMIT_SECONDS", 1e-3)
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)

@@ -26,9 +26,27 @@ from fbt_probe.hf.folders import (
 from fbt_probe.hf.wrapper import FORMAT, HFConfig, HFFeedbackModel, require_tokenizer
 
 __all__ = [
-    "HFFeedbackModel", "HFConfig", "load_hf", "save_hf", "save_fusion", "load_fusion",
-    "init_fusion", "is_hf_folder", "is_fusion_folder", "require_tokenizer", "random_init_hf",
-    "copy_hf", "hf_config_of", "base_folder", "check_fusion_values", "check_hf_config",
-    "check_vocabulary", "read_fusion_config", "quiet", "FUSION_CONFIG", "FUSION_WEIGHTS",
-    "TOKENIZER_FILES", "FORMAT",
-]  # fmt: skip
+    "HFFeedbackModel",
+    "HFConfig",
+    "load_hf",
+    "save_hf",
+    "save_fusion",
+    "load_fusion",
+    "init_fusion",
+    "is_hf_folder",
+    "is_fusion_folder",
+    "require_tokenizer",
+    "random_init_hf",
+    "copy_hf",
+    "hf_config_of",
+    "base_folder",
+    "check_fusion_values",
+    "check_hf_config",
+    "check_vocabulary",
+    "read_fusion_config",
+    "quiet",
+    "FUSION_CONFIG",
+    "FUSION_WEIGHTS",
+    "TOKENIZER_FILES",
+    "FORMAT",
+]

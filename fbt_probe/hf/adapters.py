@@ -124,8 +124,11 @@ def attention_of(layer: nn.Module):
     o projections (Llama, Qwen2, Mistral), GPT-2's c_attn and c_proj, or GPT-NeoX's
     query_key_value and dense."""
     attn = next((getattr(layer, n) for n in ATTENTIONS if hasattr(layer, n)), None)
-    layouts = (("q_proj", "k_proj", "v_proj", "o_proj"), ("c_attn", "c_proj"),
-               ("query_key_value", "dense"))  # fmt: skip
+    layouts = (
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        ("c_attn", "c_proj"),
+        ("query_key_value", "dense"),
+    )
     if attn is None or not any(all(hasattr(attn, n) for n in names) for names in layouts):
         return None
     return attn

@@ -48,8 +48,9 @@ def is_fusion_folder(path: Path) -> bool:
     return isinstance(keys, dict) and keys.get("format") == FORMAT and "base" in keys
 
 
-def hf_config_of(hf_model: nn.Module, fusion: str = "gated", jitter: float = 0.0,
-                 norm_eps: float = 1e-6) -> HFConfig:  # fmt: skip
+def hf_config_of(
+    hf_model: nn.Module, fusion: str = "gated", jitter: float = 0.0, norm_eps: float = 1e-6
+) -> HFConfig:
     c = hf_model.config
     arch = (getattr(c, "architectures", None) or [type(hf_model).__name__])[0]
     n_ctx = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
@@ -90,9 +91,13 @@ def quiet() -> None:
 
 
 def load_hf(
-    path: str | Path, device="cpu", fusion: str = "gated", seed: int = 0, lora=None,
+    path: str | Path,
+    device="cpu",
+    fusion: str = "gated",
+    seed: int = 0,
+    lora=None,
     keep_adapter: bool = False,
-) -> HFFeedbackModel:  # fmt: skip
+) -> HFFeedbackModel:
     """A model folder (``save_pretrained`` plus, if present, the fusion files; or a fusion
     folder that names its base, ``save_fusion``) as an ``HFFeedbackModel`` in eval mode.
     Without fusion files: a fresh fusion (upcycling). A LoRA adapter saved in the folder
@@ -172,12 +177,16 @@ def check_hf_config(folder: Path):
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{where} is not a Hugging Face model config ({first})") from None
     if type(config) not in AutoModelForCausalLM._model_mapping:
-        raise ValueError(f"{where}: model type {config.model_type!r} has no causal LM in "
-                         "transformers (fbt-probe runs causal LMs)")  # fmt: skip
+        raise ValueError(
+            f"{where}: model type {config.model_type!r} has no causal LM in "
+            "transformers (fbt-probe runs causal LMs)"
+        )
     archs = getattr(config, "architectures", None) or []
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ValueError(f"{where}: architecture {archs[0]} is not a causal LM (fbt-probe runs "
-                         "causal LMs: ...ForCausalLM, ...LMHeadModel)")  # fmt: skip
+        raise ValueError(
+            f"{where}: architecture {archs[0]} is not a causal LM (fbt-probe runs "
+            "causal LMs: ...ForCausalLM, ...LMHeadModel)"
+        )
     return config
 
 
@@ -192,8 +201,10 @@ def check_vocabulary(folder: Path, config, encoding) -> None:
     n_tok = max(ids) + 1 if ids else 0
     if isinstance(n_vocab, int) and n_tok > n_vocab:
         tok_file = next(f for f in TOKENIZER_FILES if (folder / f).is_file())
-        raise ValueError(f"{folder / 'config.json'}: vocab_size {n_vocab} is smaller than the "
-                         f"tokenizer's {n_tok} tokens ({folder / tok_file})")  # fmt: skip
+        raise ValueError(
+            f"{folder / 'config.json'}: vocab_size {n_vocab} is smaller than the "
+            f"tokenizer's {n_tok} tokens ({folder / tok_file})"
+        )
 
 
 def read_fusion_config(path: Path) -> dict | None:
@@ -206,15 +217,16 @@ def read_fusion_config(path: Path) -> dict | None:
             if fcfg_path.is_file()
             else (FUSION_WEIGHTS, FUSION_CONFIG)
         )
-        raise ValueError(f"{path} has {have} but no {miss}: both or neither")  # fmt: skip
+        raise ValueError(f"{path} has {have} but no {miss}: both or neither")
     if not fcfg_path.is_file():
         return None
     saved = read_record(fcfg_path, FORMAT, "fusion config")
     base = saved.get("base")
     if base is not None and not (
-        isinstance(base, dict) and isinstance(base.get("path"), str)
+        isinstance(base, dict)
+        and isinstance(base.get("path"), str)
         and isinstance(base.get("weights_sha256"), str)
-    ):  # fmt: skip
+    ):
         raise ValueError(f"{fcfg_path}: 'base' needs a path and a weights_sha256")
     check_fusion_values(saved, fcfg_path)
     return saved
@@ -224,8 +236,10 @@ def check_fusion_values(saved: dict, where: Path) -> None:
     """The values a fusion config sets, each refused by name in one line naming the file."""
     if "fusion" in saved and saved["fusion"] not in FUSIONS:
         raise ValueError(f"{where}: fusion must be one of {FUSIONS}, got {saved['fusion']!r}")
-    for key, ok, rule in (("jitter", lambda v: 0 <= v < 1, "in [0, 1)"),
-                          ("norm_eps", lambda v: 0 < v < 1, "in (0, 1)")):  # fmt: skip
+    for key, ok, rule in (
+        ("jitter", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("norm_eps", lambda v: 0 < v < 1, "in (0, 1)"),
+    ):
         v = saved.get(key)
         if key in saved and (isinstance(v, bool) or not isinstance(v, int | float) or not ok(v)):
             raise ValueError(f"{where}: {key} must be a number {rule}, got {v!r}")
@@ -283,8 +297,9 @@ def copy_hf(model: HFFeedbackModel, dtype=None) -> HFFeedbackModel:
     """An independent copy (its own modules and hooks), optionally in another dtype."""
     from transformers import AutoModelForCausalLM
 
-    twin = HFFeedbackModel(AutoModelForCausalLM.from_config(model.hf.config), model.cfg,
-                           model.encoding, model.source)  # fmt: skip
+    twin = HFFeedbackModel(
+        AutoModelForCausalLM.from_config(model.hf.config), model.cfg, model.encoding, model.source
+    )
     twin.load_state_dict(model.state_dict())
     twin = twin.to(next(model.parameters()).device)
     return (twin.to(dtype) if dtype is not None else twin).eval()
@@ -331,8 +346,9 @@ def save_hf(
     return out
 
 
-def save_fusion(model: HFFeedbackModel, out: str | Path, base: str | Path,
-                extra: dict | None = None) -> Path:  # fmt: skip
+def save_fusion(
+    model: HFFeedbackModel, out: str | Path, base: str | Path, extra: dict | None = None
+) -> Path:
     """Write a fusion folder: the fusion's weights and config, which names the model folder
     ``base`` it was trained on (its path as given, and the digest of its weights, which
     loading checks), and ``extra`` ({file name: text}); a few MB where a whole folder is the

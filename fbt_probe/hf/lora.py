@@ -35,8 +35,14 @@ class LoraSpec:
 def _config(spec: LoraSpec, base: str = ""):
     from peft import LoraConfig
 
-    return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets),
-                      lora_dropout=0.0, bias="none", base_model_name_or_path=base or None)  # fmt: skip
+    return LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.targets),
+        lora_dropout=0.0,
+        bias="none",
+        base_model_name_or_path=base or None,
+    )
 
 
 def add_lora(hf: nn.Module, spec: LoraSpec, seed: int = 0) -> None:
@@ -44,20 +50,28 @@ def add_lora(hf: nn.Module, spec: LoraSpec, seed: int = 0) -> None:
     Its A matrices are drawn from ``seed``: a run resumed from a checkpoint starts alike."""
     from peft.tuners.lora import LoraModel
 
-    missing = [t for t in spec.targets if not any(n.endswith("." + t) or n == t
-                                                  for n, _ in hf.named_modules())]  # fmt: skip
+    missing = [
+        t
+        for t in spec.targets
+        if not any(n.endswith("." + t) or n == t for n, _ in hf.named_modules())
+    ]
     if missing:
-        raise ValueError(f"optim.lora_targets: {', '.join(missing)} is no module of "
-                         f"{type(hf).__name__} (its linear layers are named like "
-                         f"{', '.join(_linear_names(hf)[:6])})")  # fmt: skip
+        raise ValueError(
+            f"optim.lora_targets: {', '.join(missing)} is no module of "
+            f"{type(hf).__name__} (its linear layers are named like "
+            f"{', '.join(_linear_names(hf)[:6])})"
+        )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         LoraModel(hf, _config(spec), ADAPTER)
 
 
 def _linear_names(hf: nn.Module) -> list[str]:
-    return list(dict.fromkeys(n.rsplit(".", 1)[-1] for n, m in hf.named_modules()
-                              if isinstance(m, nn.Linear)))  # fmt: skip
+    return list(
+        dict.fromkeys(
+            n.rsplit(".", 1)[-1] for n, m in hf.named_modules() if isinstance(m, nn.Linear)
+        )
+    )
 
 
 def has_lora(hf: nn.Module) -> bool:
@@ -99,8 +113,10 @@ def load_lora(hf: nn.Module, folder: Path, merge: bool = True) -> nn.Module:
         or [k for k, v in state.items() if not torch.isfinite(v).all()][:2]
     )
     if bad:
-        raise ValueError(f"{w_path} does not match {cfg_path} and the model "
-                         f"({', '.join(bad)}: missing, extra or not finite)")  # fmt: skip
+        raise ValueError(
+            f"{w_path} does not match {cfg_path} and the model "
+            f"({', '.join(bad)}: missing, extra or not finite)"
+        )
     set_peft_model_state_dict(hf, state, adapter_name=ADAPTER)
     if merge:
         return tuner.merge_and_unload()

@@ -48,8 +48,13 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
     import transformers as T
 
     torch.manual_seed(seed)
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "max_position_embeddings": 2048}  # fmt: skip
+    small = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 2048,
+    }
     if family == "llama":
         return T.LlamaForCausalLM(
             T.LlamaConfig(vocab_size=vocab_size, num_key_value_heads=2, **small)
@@ -61,8 +66,16 @@ def tiny_hf(family: str, vocab_size: int = VOCAB, seed: int = 0):
     if family == "gpt_neox":
         return T.GPTNeoXForCausalLM(T.GPTNeoXConfig(vocab_size=vocab_size, **small))
     if family == "gpt2":
-        c = T.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=2048,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        c = T.GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=2048,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         return T.GPT2LMHeadModel(c)
     raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
 
@@ -121,10 +134,17 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}  # fmt: skip
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(c.num_hidden_layers):
         for hf_name, g_name in names.items():

@@ -74,8 +74,14 @@ class HFConfig:
 
     def fusion_dict(self) -> dict:
         """The part ``fusion_config.json`` holds (the rest is the Hugging Face config's)."""
-        return {"format": FORMAT, "version": 1, "fusion": self.fusion, "jitter": self.jitter,
-                "norm_eps": self.norm_eps, "d_model": self.d_model}  # fmt: skip
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "fusion": self.fusion,
+            "jitter": self.jitter,
+            "norm_eps": self.norm_eps,
+            "d_model": self.d_model,
+        }
 
 
 class HFFeedbackModel(FeedbackModel):
@@ -192,8 +198,10 @@ class HFFeedbackModel(FeedbackModel):
         """The model's stack on inputs x (batch, pos, d_model) at positions [offset, offset+pos);
         with ``cache``, keys and values of positions >= offset are replaced."""
         if from_layer and not self.skips_layers:
-            raise ValueError(f"{self.cfg.architecture} adds position embeddings to its input: it "
-                             "runs its stack whole (from_layer must be 0)")  # fmt: skip
+            raise ValueError(
+                f"{self.cfg.architecture} adds position embeddings to its input: it "
+                "runs its stack whole (from_layer must be 0)"
+            )
         T = x.shape[1]
         check_context(offset + T, self.cfg.n_ctx, self.context_source)
         if cache is not None:

@@ -210,11 +210,26 @@ GROUPS = {
 
 
 # keys that only the flat format of fbt-probe 0.1 had (the grouped format nests its settings)
-FLAT_KEYS = frozenset({
-    "pass_mix", "pass_mix_late", "single_pass_frac", "mix_ramp_frac", "mixture", "mixture_start",
-    "mixture_first", "curriculum_start", "curriculum_end", "curriculum_dist", "fp_prob", "fp_warm",
-    "fp_start", "deep_batch_passes", "overwrite_ramp", "freeze",
-})  # fmt: skip
+FLAT_KEYS = frozenset(
+    {
+        "pass_mix",
+        "pass_mix_late",
+        "single_pass_frac",
+        "mix_ramp_frac",
+        "mixture",
+        "mixture_start",
+        "mixture_first",
+        "curriculum_start",
+        "curriculum_end",
+        "curriculum_dist",
+        "fp_prob",
+        "fp_warm",
+        "fp_start",
+        "deep_batch_passes",
+        "overwrite_ramp",
+        "freeze",
+    }
+)
 
 
 def refuse_flat(d: dict, what: str = "this config") -> None:

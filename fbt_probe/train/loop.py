@@ -107,12 +107,23 @@ class Monitor:
         order = sorted(
             self.running.items(), key=lambda kv: float("inf") if kv[0] == "fp" else kv[0]
         )
-        return "  ".join(f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
-                         for k, v in order)  # fmt: skip
+        return "  ".join(
+            f"{k if k == 'fp' else f'pass{k}'}: loss {v['loss']:.3f} acc {v['answer_acc']:.2f}"
+            for k, v in order
+        )
 
 
-def take_step(state: TrainState, net, cfg: TrainConfig, draw: StepDraw, frozen: dict,
-              monitor: Monitor, world: World, dev, out: Path):  # fmt: skip
+def take_step(
+    state: TrainState,
+    net,
+    cfg: TrainConfig,
+    draw: StepDraw,
+    frozen: dict,
+    monitor: Monitor,
+    world: World,
+    dev,
+    out: Path,
+):
     """One optimiser step on ``draw`` (a divergence refused before the update): its loss,
     per-pass stats, tokens and gradient norm."""
     model, opt, step = state.model, state.opt, state.step
@@ -143,8 +154,13 @@ def take_step(state: TrainState, net, cfg: TrainConfig, draw: StepDraw, frozen: 
 
 def step_record(cfg: TrainConfig, draw: StepDraw, step: int, lv: float, stats, gnorm) -> dict:
     """The history's line for a step; a fixed-point batch's stats go under "fp"."""
-    rec = {"step": step + 1, "passes": draw.passes, "loss": lv, "lr": lr_at(cfg, step),
-           "grad_norm": gnorm}  # fmt: skip
+    rec = {
+        "step": step + 1,
+        "passes": draw.passes,
+        "loss": lv,
+        "lr": lr_at(cfg, step),
+        "grad_norm": gnorm,
+    }
     if draw.warm:
         rec["fp_warm"] = "recurrence" if cfg.fixed_point.exact else draw.warm
         rec.update({f"fp/{m}": v for m, v in stats[-1].items()})
@@ -153,8 +169,19 @@ def step_record(cfg: TrainConfig, draw: StepDraw, step: int, lv: float, stats, g
     return rec
 
 
-def run_steps(state: TrainState, net, cfg: TrainConfig, frozen: dict, world: World, dev,
-              out: Path, end: int, clock: Clock, progress=None, max_minutes: float = 0.0) -> None:  # fmt: skip
+def run_steps(
+    state: TrainState,
+    net,
+    cfg: TrainConfig,
+    frozen: dict,
+    world: World,
+    dev,
+    out: Path,
+    end: int,
+    clock: Clock,
+    progress=None,
+    max_minutes: float = 0.0,
+) -> None:
     """Steps ``state.step`` .. ``end`` - 1, a checkpoint every ``run.checkpoint_every`` and
     when ``max_minutes`` have passed (rank 0's clock decides for every rank)."""
     stream, monitor, model = cfg.stream(), Monitor(), state.model
@@ -196,16 +223,30 @@ def run_steps(state: TrainState, net, cfg: TrainConfig, frozen: dict, world: Wor
     clock.lap("step")
 
 
-def finish(state: TrainState, cfg: TrainConfig, out: Path, world: World, dev, clock: Clock,
-           revision: str, max_minutes: float) -> dict:  # fmt: skip
+def finish(
+    state: TrainState,
+    cfg: TrainConfig,
+    out: Path,
+    world: World,
+    dev,
+    clock: Clock,
+    revision: str,
+    max_minutes: float,
+) -> dict:
     """The last checkpoint, the final evaluation, metrics.json and the model folder."""
     full = state.save(out / "state.pt", world)
     clock.lap("checkpoint")
     model = state.model.eval()
     final_eval = quick_eval(model, cfg) if world.main or cfg.run.fsdp else {}
     clock.lap("eval")
-    done = {"steps_done": state.step, "steps": cfg.steps, "finished": state.step >= cfg.steps,
-            "final_eval": final_eval, "history": state.history, "world_size": world.size}  # fmt: skip
+    done = {
+        "steps_done": state.step,
+        "steps": cfg.steps,
+        "finished": state.step >= cfg.steps,
+        "final_eval": final_eval,
+        "history": state.history,
+        "world_size": world.size,
+    }
     if not world.main:
         world.barrier()  # rank 0 writes the checkpoint, the metrics and the model
         return done
@@ -213,22 +254,33 @@ def finish(state: TrainState, cfg: TrainConfig, out: Path, world: World, dev, cl
         model = FBTModel(cfg.model, seed=cfg.run.seed)
         model.load_state_dict(full)
     metrics = {
-        "name": cfg.name, **{k: done[k] for k in ("steps_done", "steps", "finished")},
-        "seed": cfg.run.seed, "git_revision": revision, "device": str(dev),
+        "name": cfg.name,
+        **{k: done[k] for k in ("steps_done", "steps", "finished")},
+        "seed": cfg.run.seed,
+        "git_revision": revision,
+        "device": str(dev),
         # the bits of the weights depend on these too (and on the CPU's instruction set):
         # the same config, seed, torch version and thread count give the same weights
-        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
         "wall_seconds_this_call": clock.minutes() * 60,
-        "seconds": {k: round(v, 2) for k, v in clock.spent.items()}, "max_minutes": max_minutes,
+        "seconds": {k: round(v, 2) for k, v in clock.spent.items()},
+        "max_minutes": max_minutes,
         "world_size": world.size,
         "sharding": "fsdp" if cfg.run.fsdp else "ddp" if world.size > 1 else "none",
-        "accum": cfg.optim.accum, "per_rank_batch": -(-cfg.data.batch_size // world.size),
-        "tokens_per_second": clock.tokens_per_second(), "final_eval": final_eval,
+        "accum": cfg.optim.accum,
+        "per_rank_batch": -(-cfg.data.batch_size // world.size),
+        "tokens_per_second": clock.tokens_per_second(),
+        "final_eval": final_eval,
         "history": state.history,
-    }  # fmt: skip
+    }
     write_text(out / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-    save_run_model(model, cfg, out / "model", {"train_config": cfg.to_dict(),
-                                               "steps_done": state.step, "git_revision": revision})  # fmt: skip
+    save_run_model(
+        model,
+        cfg,
+        out / "model",
+        {"train_config": cfg.to_dict(), "steps_done": state.step, "git_revision": revision},
+    )
     world.barrier()
     return metrics
 
@@ -253,9 +305,17 @@ def save_run_model(model, cfg: TrainConfig, folder: Path, meta: dict) -> None:
     save_fusion(model, folder, base, extra=extra)
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress=None,
-          stop_after: int | None = None, argv: list[str] | None = None, device: str = "cpu",
-          max_minutes: float = 0.0, world: World | None = None) -> dict:  # fmt: skip
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress=None,
+    stop_after: int | None = None,
+    argv: list[str] | None = None,
+    device: str = "cpu",
+    max_minutes: float = 0.0,
+    world: World | None = None,
+) -> dict:
     """Train ``cfg`` into ``out_dir``; returns the final metrics.
 
     ``device`` ("cpu", "cuda", "cuda:1", ...) is where the model trains; the examples, the
@@ -272,8 +332,17 @@ def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress=
         return _train(cfg, out, resume, progress, stop_after, argv, dev, max_minutes, world)
 
 
-def _train(cfg: TrainConfig, out: Path, resume: bool, progress, stop_after: int | None,
-           argv: list[str] | None, dev, max_minutes: float, world: World) -> dict:  # fmt: skip
+def _train(
+    cfg: TrainConfig,
+    out: Path,
+    resume: bool,
+    progress,
+    stop_after: int | None,
+    argv: list[str] | None,
+    dev,
+    max_minutes: float,
+    world: World,
+) -> dict:
     check_run(cfg, out, resume, world, dev)
     saved = check_resume(cfg, out, dev) if resume else None
     world.barrier()  # every rank has checked before rank 0 writes anything
@@ -294,11 +363,20 @@ def rank_device_of(device: str, world: World):
     return rank_device(resolve_device(device), world)
 
 
-def train_recipe(*, config: str | None = None, overrides: list[str] | None = None,
-                 out: str | Path | None = None, init_from: str | Path | None = None,
-                 resume: bool = False, stop_after: int | None = None, max_minutes: float = 0.0,
-                 device: str = "cpu", as_default: bool = False, argv: list[str] | None = None,
-                 bars=None) -> tuple[dict, Path, TrainConfig]:  # fmt: skip
+def train_recipe(
+    *,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    init_from: str | Path | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    max_minutes: float = 0.0,
+    device: str = "cpu",
+    as_default: bool = False,
+    argv: list[str] | None = None,
+    bars=None,
+) -> tuple[dict, Path, TrainConfig]:
     """``fbt-probe train``: the recipe ``config`` names (with ``--set`` ``overrides``;
     default: 'default', or under ``resume`` the run folder's own) trained into ``out``
     (default runs/<name>), then, with ``as_default``, installed as the built-in model.
@@ -308,8 +386,12 @@ def train_recipe(*, config: str | None = None, overrides: list[str] | None = Non
     if resume and out is None:
         raise ValueError("--resume needs --out, the run folder to continue")
     rank_device_of(device, World())  # a bad --device fails before anything is written
-    cfg = build_recipe(config=config, overrides=overrides, init_from=init_from,
-                       run_dir=Path(out) if resume else None)  # fmt: skip
+    cfg = build_recipe(
+        config=config,
+        overrides=overrides,
+        init_from=init_from,
+        run_dir=Path(out) if resume else None,
+    )
     if as_default and stop_after is not None and stop_after < cfg.steps:
         raise ValueError(
             f"--as-default needs the whole run: --stop-after {stop_after} < steps {cfg.steps}"
@@ -317,8 +399,17 @@ def train_recipe(*, config: str | None = None, overrides: list[str] | None = Non
     out = Path(out) if out is not None else Path("runs") / cfg.name
     _, world = place(device)  # under torchrun: this rank of the world
     with bars(f"train {cfg.name}", cfg.steps) if bars and world.main else nullcontext() as bar:
-        metrics = train(cfg, out, resume=resume, progress=bar, stop_after=stop_after, argv=argv,
-                        device=device, max_minutes=max_minutes, world=world)  # fmt: skip
+        metrics = train(
+            cfg,
+            out,
+            resume=resume,
+            progress=bar,
+            stop_after=stop_after,
+            argv=argv,
+            device=device,
+            max_minutes=max_minutes,
+            world=world,
+        )
     if as_default and world.main:
         if not metrics["finished"]:
             raise ValueError(

@@ -181,8 +181,16 @@ def train_step(net, model: FeedbackModel, draw: StepDraw, cfg: TrainConfig, worl
             # FSDP reduces every part's gradients (no no_sync); DDP only the last's
             sync = nullcontext() if last or world.size == 1 or cfg.run.fsdp else net.no_sync()
             with sync:
-                loss, stats = multipass_loss(net, mb, draw.passes, cfg, prefix, init,
-                                             first_pass=draw.warm, counts=(n_valid, n_answer, n))  # fmt: skip
+                loss, stats = multipass_loss(
+                    net,
+                    mb,
+                    draw.passes,
+                    cfg,
+                    prefix,
+                    init,
+                    first_pass=draw.warm,
+                    counts=(n_valid, n_answer, n),
+                )
                 (loss * world.size).backward()  # DDP averages over ranks: undo it
         loss_sum += loss.item()
         tokens += mb.n_tokens
@@ -193,6 +201,8 @@ def train_step(net, model: FeedbackModel, draw: StepDraw, cfg: TrainConfig, worl
     total = [loss_sum, float(tokens), *stats_sum]
     total = world.all_sum(total, dev) if world.size > 1 else total
     keys = list(stats[0])
-    merged = [dict(zip(keys, total[2 + i * len(keys) : 2 + (i + 1) * len(keys)], strict=True))
-              for i in range(len(stats))]  # fmt: skip
+    merged = [
+        dict(zip(keys, total[2 + i * len(keys) : 2 + (i + 1) * len(keys)], strict=True))
+        for i in range(len(stats))
+    ]
     return total[0], merged, int(total[1])

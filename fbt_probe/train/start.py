@@ -27,10 +27,17 @@ def build_model(cfg: TrainConfig):
         path = init_folder(cfg)
         if is_hf_folder(path):
             if cfg.model.feedback_source != TOP or cfg.model.feedback_target != 0:
-                raise ValueError("model.feedback_source and model.feedback_target: a Hugging Face "
-                                 "model feeds its top state into its embeddings only")  # fmt: skip
-            m = load_hf(path, fusion=cfg.model.fusion, seed=cfg.run.seed, lora=lora_spec(cfg),
-                        keep_adapter=True)  # fmt: skip
+                raise ValueError(
+                    "model.feedback_source and model.feedback_target: a Hugging Face "
+                    "model feeds its top state into its embeddings only"
+                )
+            m = load_hf(
+                path,
+                fusion=cfg.model.fusion,
+                seed=cfg.run.seed,
+                lora=lora_spec(cfg),
+                keep_adapter=True,
+            )
             if m.cfg.fusion != cfg.model.fusion:
                 raise ValueError(
                     f"init_from {cfg.init_from!r} has a {m.cfg.fusion} fusion, the recipe sets "
@@ -41,8 +48,10 @@ def build_model(cfg: TrainConfig):
             m.cfg = replace(m.cfg, jitter=cfg.model.jitter)
             return m
     if cfg.optim.learn == "lora":
-        raise ValueError("optim.learn = 'lora' adapts a Hugging Face model's stack: set init_from "
-                         "to a Hugging Face model folder")  # fmt: skip
+        raise ValueError(
+            "optim.learn = 'lora' adapts a Hugging Face model's stack: set init_from "
+            "to a Hugging Face model folder"
+        )
     model = FBTModel(cfg.model, seed=cfg.run.seed)
     if cfg.init_from:
         model.load_state_dict(initial_weights(cfg).state_dict())
@@ -100,8 +109,9 @@ def set_learning(model: FeedbackModel, learn: str) -> None:
     stack's low-rank adapters ("lora"); the rest get no gradient, so neither their gradients
     nor AdamW's state for them take memory."""
     for n, p in model.named_parameters():
-        p.requires_grad_(learn == "all" or n.startswith("fusion.")
-                         or (learn == "lora" and ".lora_" in n))  # fmt: skip
+        p.requires_grad_(
+            learn == "all" or n.startswith("fusion.") or (learn == "lora" and ".lora_" in n)
+        )
 
 
 def learned_state(model: FeedbackModel) -> dict:
@@ -118,8 +128,10 @@ def load_learned(model: FeedbackModel, saved: dict, where: Path) -> None:
     """A checkpoint's ``learned_state`` back into ``model``."""
     want = learned_state(model).keys()
     if set(saved) != set(want):
-        raise ValueError(f"{where} holds other parameters than this run trains "
-                         f"({len(saved)} saved, {len(want)} trained); resume it with its own recipe")  # fmt: skip
+        raise ValueError(
+            f"{where} holds other parameters than this run trains "
+            f"({len(saved)} saved, {len(want)} trained); resume it with its own recipe"
+        )
     model.load_state_dict(saved, strict=False)
 
 
@@ -129,6 +141,8 @@ def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim >= 2]
     no_decay = [p for n, p in named if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": decay, "weight_decay": cfg.optim.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(0.9, 0.95))

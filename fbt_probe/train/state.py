@@ -106,8 +106,13 @@ class TrainState:
 
             msd, osd = full_states(self.model, self.opt)
         if world.main:
-            state = {"model": msd, "opt": osd if self.fsdp else self.opt.state_dict(),
-                     "step": self.step, "history": self.history, "identity": self.identity}  # fmt: skip
+            state = {
+                "model": msd,
+                "opt": osd if self.fsdp else self.opt.state_dict(),
+                "step": self.step,
+                "history": self.history,
+                "identity": self.identity,
+            }
             atomic_write(path, lambda tmp: torch.save(state, tmp))
         return msd if self.fsdp else None
 
@@ -148,8 +153,10 @@ def check_run(cfg: TrainConfig, out: Path, resume: bool, world: World, dev) -> N
         sizes["fixed_point.batch_size"] = cfg.fixed_point.batch_size
     for key, n in sizes.items():
         if n < parts:
-            raise ValueError(f"{key} {n} cannot be split in {world.size} ranks x {cfg.optim.accum} "
-                             "micro-batches (optim.accum): every part needs an example")  # fmt: skip
+            raise ValueError(
+                f"{key} {n} cannot be split in {world.size} ranks x {cfg.optim.accum} "
+                "micro-batches (optim.accum): every part needs an example"
+            )
     if cfg.run.bf16 and dev.type != "cuda":
         raise ValueError("run.bf16 (bf16 autocast) needs a CUDA device (--device cuda)")
     if cfg.run.fsdp and cfg.optim.learn != "all":
@@ -180,8 +187,10 @@ def check_resume(cfg: TrainConfig, out: Path, dev) -> dict:
     path = out / "state.pt"
     saved = TrainState.read(path, dev)
     if not isinstance(saved, dict) or not all(k in saved for k in CHECKPOINT_KEYS):
-        raise ValueError(f"{path} is not a training checkpoint of fbt-probe (it needs "
-                         f"{', '.join(CHECKPOINT_KEYS)})")  # fmt: skip
+        raise ValueError(
+            f"{path} is not a training checkpoint of fbt-probe (it needs "
+            f"{', '.join(CHECKPOINT_KEYS)})"
+        )
     step, history = saved["step"], saved["history"]
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= cfg.steps:
         raise ValueError(f"{path} is at step {step!r}, outside this run's 0..{cfg.steps}")
@@ -192,8 +201,10 @@ def check_resume(cfg: TrainConfig, out: Path, dev) -> dict:
     ):
         raise ValueError(f"{path} is damaged: its history does not hold its {step} steps")
     if saved.get("identity", run_identity(cfg)) != run_identity(cfg):
-        raise ValueError(f"{path} was written by another recipe or seed than "
-                         f"{out / 'train_config.json'} (edited since, or copied from another run)")  # fmt: skip
+        raise ValueError(
+            f"{path} was written by another recipe or seed than "
+            f"{out / 'train_config.json'} (edited since, or copied from another run)"
+        )
     check_saved_weights(out / "model")
     return saved
 
@@ -212,8 +223,9 @@ def check_saved_weights(folder: Path) -> None:
             raise ValueError(f"{f} cannot be read ({first})") from None
 
 
-def check_activation_memory(cfg: TrainConfig, d_model: int, n_layers: int, world: World,
-                            dev) -> None:  # fmt: skip
+def check_activation_memory(
+    cfg: TrainConfig, d_model: int, n_layers: int, world: World, dev
+) -> None:
     """Refuse a batch whose training step cannot fit in memory, before the run folder exists.
     The estimate is a floor: the residual stream of every layer and pass of one micro-batch's
     longest examples, kept for the backward pass, and its gradient (the attention, the MLP
@@ -269,8 +281,9 @@ def start_state(
 
         shard_model(model)
         frozen = frozen_parameters(model, cfg.schedule)  # the sharded parameters now
-    state = TrainState(model, make_optimizer(model, cfg), fsdp=cfg.run.fsdp,
-                       identity=run_identity(cfg))  # fmt: skip
+    state = TrainState(
+        model, make_optimizer(model, cfg), fsdp=cfg.run.fsdp, identity=run_identity(cfg)
+    )
     if saved is not None:
         state.load_optimizer(saved)
     return state, frozen

@@ -88,9 +88,14 @@ def make_batch(examples: list[Example], pad_to: int | None = None, encoding=None
     scored = pos[:-1] < (n - 1)[:, None]  # every position but the last predicts the next token
     targets[:, :-1] = np.where(scored, tokens[:, 1:], -100)
     answer = (pos >= c[:, None]) & (pos < (n - 1)[:, None])
-    return TrainBatch(torch.from_numpy(tokens), torch.from_numpy(targets),
-                      torch.from_numpy(answer), torch.from_numpy(n), torch.from_numpy(c + 1),
-                      [ex.task for ex in examples])  # fmt: skip
+    return TrainBatch(
+        torch.from_numpy(tokens),
+        torch.from_numpy(targets),
+        torch.from_numpy(answer),
+        torch.from_numpy(n),
+        torch.from_numpy(c + 1),
+        [ex.task for ex in examples],
+    )
 
 
 def step_rng(cfg: TrainConfig, step: int) -> np.random.Generator:

@@ -28,10 +28,15 @@ def after_label(b: PairBatch) -> torch.Tensor:
 def batch_inputs(b: PairBatch, pairs) -> dict:
     """What ``attribute`` takes of one batch besides the model, the prefill and the kinds."""
     dev = b.answer.device
-    return {"tokens": b.tokens, "twin_tokens": b.twin_tokens, "answer": b.answer,
-            "clean_id": torch.as_tensor(pairs.clean_id[b.idx], device=dev),
-            "twin_id": torch.as_tensor(pairs.twin_id[b.idx], device=dev),
-            "columns": resid_columns(b), "after": after_label(b)}  # fmt: skip
+    return {
+        "tokens": b.tokens,
+        "twin_tokens": b.twin_tokens,
+        "answer": b.answer,
+        "clean_id": torch.as_tensor(pairs.clean_id[b.idx], device=dev),
+        "twin_id": torch.as_tensor(pairs.twin_id[b.idx], device=dev),
+        "columns": resid_columns(b),
+        "after": after_label(b),
+    }
 
 
 def check_sites(est: dict, check: str, seed: int) -> list[Site]:
@@ -49,8 +54,9 @@ def check_sites(est: dict, check: str, seed: int) -> list[Site]:
     return top + [rest[i] for i in sorted(drawn)]
 
 
-def exact_sweep(m, pairs, bs, pf, sites: list[Site], kinds, progress=None,
-                label: str = "") -> dict[Site, np.ndarray]:  # fmt: skip
+def exact_sweep(
+    m, pairs, bs, pf, sites: list[Site], kinds, progress=None, label: str = ""
+) -> dict[Site, np.ndarray]:
     """Per site, per pair: the exact patch's change of the clean logit difference."""
     if not sites:
         return {}
@@ -66,8 +72,11 @@ def exact_sweep(m, pairs, bs, pf, sites: list[Site], kinds, progress=None,
                 ld = _patched_ld(m, b, pf, s, ref, inputs) - ref.ld_clean
                 out[s][b.idx] = ld.double().cpu().numpy()
                 if progress is not None:  # one patched run a step: a deep model's are slow
-                    progress(k * len(sites) + i + 1, len(bs) * len(sites),
-                             f"{label}: exact check of {len(sites)} sites, batch {k + 1}/{len(bs)}")  # fmt: skip
+                    progress(
+                        k * len(sites) + i + 1,
+                        len(bs) * len(sites),
+                        f"{label}: exact check of {len(sites)} sites, batch {k + 1}/{len(bs)}",
+                    )
             b.clean = None
     return out
 
@@ -112,8 +121,14 @@ def agreement(df: pd.DataFrame) -> dict:
 def _agree(g: pd.DataFrame) -> dict:
     n = len(g)
     if n < 3:
-        return {"checked": n, "rank_correlation": None, "top_k": None, "top_k_recall": None,
-                "misses": [], "hidden": 0}  # fmt: skip
+        return {
+            "checked": n,
+            "rank_correlation": None,
+            "top_k": None,
+            "top_k_recall": None,
+            "misses": [],
+            "hidden": 0,
+        }
     est, ex = 1 - g.value.to_numpy(float), 1 - g.exact.to_numpy(float)
     rho = spearmanr(est, ex).statistic
     k = min(TOP_K, n // 2)
@@ -124,13 +139,25 @@ def _agree(g: pd.DataFrame) -> dict:
     kth = np.sort(np.abs(ex))[::-1][k - 1]
     hits = int((np.abs(ex[top_est]) >= kth - 1e-9).sum())
     miss = np.argsort(-np.abs(est - ex))[:3]
-    misses = [{"pass": str(g["pass"].iloc[i]), "intervention": g.intervention.iloc[i],
-               "site": g.site.iloc[i], "positions": g.positions.iloc[i],
-               "estimate": float(g.value.iloc[i]), "exact": float(g.exact.iloc[i])}
-              for i in miss]  # fmt: skip
+    misses = [
+        {
+            "pass": str(g["pass"].iloc[i]),
+            "intervention": g.intervention.iloc[i],
+            "site": g.site.iloc[i],
+            "positions": g.positions.iloc[i],
+            "estimate": float(g.value.iloc[i]),
+            "exact": float(g.exact.iloc[i]),
+        }
+        for i in miss
+    ]
     # what GradDrop is for: a site the exact patch finds (|effect| >= 0.1) that the estimate
     # sees as nothing (|effect| < 0.02), its paths cancelling to first order
     hidden = int(((np.abs(ex) >= 0.1) & (np.abs(est) < 0.02)).sum())
-    return {"checked": n, "rank_correlation": None if np.isnan(rho) else float(rho),
-            "top_k": k, "top_k_recall": hits / k, "misses": misses,
-            "hidden": hidden}  # fmt: skip
+    return {
+        "checked": n,
+        "rank_correlation": None if np.isnan(rho) else float(rho),
+        "top_k": k,
+        "top_k_recall": hits / k,
+        "misses": misses,
+        "hidden": hidden,
+    }

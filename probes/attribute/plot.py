@@ -33,13 +33,17 @@ def matrix(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     """(pass, depth or layer or q/k/v) x (position or head) of the estimates of ``kind``."""
     if kind == "resid":
         g = df[df.intervention.isin(["patch_resid", "patch_state"])].copy()
-        g["row"] = [f"{_pass(p)}, " + ("state in" if i == "patch_state" else f"depth {_depth(s)}")
-                    for p, i, s in zip(g["pass"], g.intervention, g.site, strict=True)]  # fmt: skip
+        g["row"] = [
+            f"{_pass(p)}, " + ("state in" if i == "patch_state" else f"depth {_depth(s)}")
+            for p, i, s in zip(g["pass"], g.intervention, g.site, strict=True)
+        ]
         cols = list(dict.fromkeys(g.positions))
     else:
         g = df[df.intervention == f"patch_{kind}"].copy()
-        g["row"] = [f"{_pass(p)}, {_layer(s) if kind == 'head' else s[-1]}"
-                    for p, s in zip(g["pass"], g.site, strict=True)]  # fmt: skip
+        g["row"] = [
+            f"{_pass(p)}, {_layer(s) if kind == 'head' else s[-1]}"
+            for p, s in zip(g["pass"], g.site, strict=True)
+        ]
         g["positions"] = g.positions.str.split().str[-1].astype(int)
         cols = sorted(set(g.positions))
     if g.empty:
@@ -49,9 +53,11 @@ def matrix(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     return t.loc[rows, cols]
 
 
-TITLES = {"resid": ("(pass, depth)", "position patched"),
-          "head": ("(pass, layer)", "head (output, hook_z)"),
-          "path": ("(pass, block-0 input)", "head (the twin's fed-back state into it only)")}  # fmt: skip
+TITLES = {
+    "resid": ("(pass, depth)", "position patched"),
+    "head": ("(pass, layer)", "head (output, hook_z)"),
+    "path": ("(pass, block-0 input)", "head (the twin's fed-back state into it only)"),
+}
 
 
 def plot_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> int:
@@ -63,9 +69,17 @@ def plot_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> int:
         if t.empty:
             continue
         fig, ax = subplots(figsize=(max(5, 0.7 * t.shape[1] + 3), max(2.5, 0.4 * t.shape[0] + 1.2)))
-        sns.heatmap(t, ax=ax, cmap=DIVERGING, vmin=-0.2, vmax=1.2, center=0.5,
-                    annot=t.size <= 200, fmt=".2f",
-                    cbar_kws={"label": "estimated logit difference (1 clean, 0 twin)"})  # fmt: skip
+        sns.heatmap(
+            t,
+            ax=ax,
+            cmap=DIVERGING,
+            vmin=-0.2,
+            vmax=1.2,
+            center=0.5,
+            annot=t.size <= 200,
+            fmt=".2f",
+            cbar_kws={"label": "estimated logit difference (1 clean, 0 twin)"},
+        )
         ax.set_title(f"{task}, {where}: attribution of the twin's {kind}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -83,8 +97,13 @@ def _scatter(df, task, where, out) -> int:
         return 0
     fig, ax = subplots(figsize=(5.5, 5))
     for i, (kind, h) in enumerate(g.groupby("intervention")):
-        ax.scatter(h.exact, h.value, s=18, color=PALETTE[i % len(PALETTE)],
-                   label=kind.removeprefix("patch_"))  # fmt: skip
+        ax.scatter(
+            h.exact,
+            h.value,
+            s=18,
+            color=PALETTE[i % len(PALETTE)],
+            label=kind.removeprefix("patch_"),
+        )
     lo = float(min(g.exact.min(), g.value.min(), 0)) - 0.05
     hi = float(max(g.exact.max(), g.value.max(), 1)) + 0.05
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
@@ -119,12 +138,15 @@ def _edge_graph(edf: pd.DataFrame, task, where, out) -> int:
     heads = 1 + max((int(n.split(".")[1]) for n in names if n.startswith("head ")), default=0)
     mid, span = (heads - 1) / 2, 2 * layers + 3
     base = {p: i * span for i, p in enumerate(passes)}
-    fig, ax = subplots(figsize=(min(30, max(7, 0.5 * span * len(passes) + 2)),
-                                min(12, max(4, 0.3 * heads + 2))))  # fmt: skip
-    xy = {(p, n): _node_xy(n, base[p], layers, mid) for p in passes for n in names
-          if n != "feedback"}  # fmt: skip
-    ax.scatter([x for x, _ in xy.values()], [y for _, y in xy.values()], s=6, color="lightgrey",
-               zorder=1)  # fmt: skip
+    fig, ax = subplots(
+        figsize=(min(30, max(7, 0.5 * span * len(passes) + 2)), min(12, max(4, 0.3 * heads + 2)))
+    )
+    xy = {
+        (p, n): _node_xy(n, base[p], layers, mid) for p in passes for n in names if n != "feedback"
+    }
+    ax.scatter(
+        [x for x, _ in xy.values()], [y for _, y in xy.values()], s=6, color="lightgrey", zorder=1
+    )
     top = float(e["size"].max()) or 1.0
     for _, r in e.iterrows():
         p = _pass(r["pass"])
@@ -132,9 +154,20 @@ def _edge_graph(edf: pd.DataFrame, task, where, out) -> int:
         x0, y0 = xy[(before, "readout")] if r.feedback else xy[(p, r.source)]
         x1, y1 = xy[(p, r.target)]
         color = PALETTE[3] if r.feedback else (PALETTE[0] if r.value < 0 else PALETTE[1])
-        ax.annotate("", (x1, y1), (x0, y0), zorder=2, arrowprops={
-            "arrowstyle": "->", "lw": 0.5 + 3 * r["size"] / top, "alpha": 0.85, "color": color,
-            "linestyle": "--" if r.feedback else "-", "connectionstyle": "arc3,rad=0.2"})  # fmt: skip
+        ax.annotate(
+            "",
+            (x1, y1),
+            (x0, y0),
+            zorder=2,
+            arrowprops={
+                "arrowstyle": "->",
+                "lw": 0.5 + 3 * r["size"] / top,
+                "alpha": 0.85,
+                "color": color,
+                "linestyle": "--" if r.feedback else "-",
+                "connectionstyle": "arc3,rad=0.2",
+            },
+        )
     for p in passes:
         for n in ("input", "readout"):
             x, y = xy[(p, n)]
@@ -144,11 +177,14 @@ def _edge_graph(edf: pd.DataFrame, task, where, out) -> int:
     every = max(1, layers // 8)  # a deep model: a tick every few layers
     ticks = [(base[p] + 2 * layer + 1, layer) for p in passes for layer in range(0, layers, every)]
     ax.set_xticks([x for x, _ in ticks], [str(layer) for _, layer in ticks], fontsize=7)
-    ax.set_xlabel("layer, pass by pass (its attention's input just left of its heads, its MLP "
-                  "just right, on the middle row)")  # fmt: skip
+    ax.set_xlabel(
+        "layer, pass by pass (its attention's input just left of its heads, its MLP "
+        "just right, on the middle row)"
+    )
     ax.set_ylabel("head")
-    ax.set_title(f"{task}, {where}: the {len(e)} strongest edges (blue: toward the twin; "
-                 "dashed: feedback)")  # fmt: skip
+    ax.set_title(
+        f"{task}, {where}: the {len(e)} strongest edges (blue: toward the twin; dashed: feedback)"
+    )
     save_figure(fig, out, f"attribution_edges_{task}")
     return 1
 
@@ -158,27 +194,39 @@ def findings(df: pd.DataFrame, edf, meta: dict) -> list[str]:
     (a warning when it is low) and the feedback edges' share."""
     task, where = meta["task"], f"{meta['prefill']} prefill"
     low = df.nsmallest(3, "value")
-    tops = "; ".join(f"{_pass(r['pass'])} {r.intervention.removeprefix('patch_')} {r.site} "
-                     f"{r.positions}: {r.value:.3f}" for _, r in low.iterrows())  # fmt: skip
+    tops = "; ".join(
+        f"{_pass(r['pass'])} {r.intervention.removeprefix('patch_')} {r.site} "
+        f"{r.positions}: {r.value:.3f}"
+        for _, r in low.iterrows()
+    )
     lines = [f"{task} {where}: the estimates that move the answer most toward the twin's: {tops}."]
     ag = meta.get("agreement", {}).get("all", {})
     if ag.get("checked", 0) >= 3 and ag.get("rank_correlation") is not None:
         rr = meta["agreement"]["resid_head"]
-        lines.append(f"exact check of {ag['checked']} sites: rank correlation "
-                     f"{ag['rank_correlation']:.3f}, top-{ag['top_k']} recall "
-                     f"{ag['top_k_recall']:.2f} (resid and head: "
-                     + (f"{rr['rank_correlation']:.3f}, {rr['top_k_recall']:.2f})"
-                        if rr.get("rank_correlation") is not None else "too few checked)"))  # fmt: skip
+        lines.append(
+            f"exact check of {ag['checked']} sites: rank correlation "
+            f"{ag['rank_correlation']:.3f}, top-{ag['top_k']} recall "
+            f"{ag['top_k_recall']:.2f} (resid and head: "
+            + (
+                f"{rr['rank_correlation']:.3f}, {rr['top_k_recall']:.2f})"
+                if rr.get("rank_correlation") is not None
+                else "too few checked)"
+            )
+        )
         if ag["rank_correlation"] < LOW_RANK or ag["top_k_recall"] < LOW_RECALL:
             m = ag["misses"][0]
-            lines.append(f"warning: the estimates agree poorly with exact patching here; the "
-                         f"largest miss is {m['intervention']} {m['site']} {m['positions']} "
-                         f"({m['pass']}): estimate {m['estimate']:.3f}, exact {m['exact']:.3f}")  # fmt: skip
+            lines.append(
+                f"warning: the estimates agree poorly with exact patching here; the "
+                f"largest miss is {m['intervention']} {m['site']} {m['positions']} "
+                f"({m['pass']}): estimate {m['estimate']:.3f}, exact {m['exact']:.3f}"
+            )
     if edf is not None and edf.feedback.any():
         fb = edf[edf.feedback]
-        lines.append("feedback edges (pass k's top state into pass k+1's fusion): "
-                     + ", ".join(f"{_pass(r['pass'])} {r.value:+.3f}" for _, r in fb.iterrows())
-                     + " of the logit difference")  # fmt: skip
+        lines.append(
+            "feedback edges (pass k's top state into pass k+1's fusion): "
+            + ", ".join(f"{_pass(r['pass'])} {r.value:+.3f}" for _, r in fb.iterrows())
+            + " of the logit difference"
+        )
     return lines
 
 

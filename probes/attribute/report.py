@@ -22,11 +22,15 @@ def section(results: Path) -> list:
     meta = read_json(
         folder / "attribution.json", "record of an attribution", ("prefill", "n_pairs")
     )
-    parts = ["## Attribution through the feedback loop (`fbt-probe attribute`)", "",
-             f"Every site of every pass ({meta['prefill']} prefill, {meta['n_pairs']} pairs) "
-             "scored from one clean run with its backward pass and one twin run: the normalised "
-             "logit difference the patch would leave (1 = the clean answer, 0 = the twin's), "
-             "checked against exact patches of a sample of sites.", ""]  # fmt: skip
+    parts = [
+        "## Attribution through the feedback loop (`fbt-probe attribute`)",
+        "",
+        f"Every site of every pass ({meta['prefill']} prefill, {meta['n_pairs']} pairs) "
+        "scored from one clean run with its backward pass and one twin run: the normalised "
+        "logit difference the patch would leave (1 = the clean answer, 0 = the twin's), "
+        "checked against exact patches of a sample of sites.",
+        "",
+    ]
     parts += [f"- {line}" for line in findings(df, edf, meta)] + [""]
     figs = folder / "figures"
     parts += [Figure(png) for png in sorted(figs.glob("*.png"))] if figs.is_dir() else []

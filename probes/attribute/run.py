@@ -37,11 +37,36 @@ from probes.patch.run import count_sites
 from tasks.lists import comma_items
 from tasks.safe_files import check_output_dir
 
-COLUMNS = ["task", "prefill", "pass", "intervention", "site", "positions", "alpha", "metric",
-           "value", "ci_low", "ci_high", "n", "linear", "exact", "exact_ci_low",
-           "exact_ci_high"]  # fmt: skip
-EDGE_COLUMNS = ["task", "prefill", "pass", "source", "target", "feedback", "value", "ci_low",
-                "ci_high", "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "prefill",
+    "pass",
+    "intervention",
+    "site",
+    "positions",
+    "alpha",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+    "linear",
+    "exact",
+    "exact_ci_low",
+    "exact_ci_high",
+]
+EDGE_COLUMNS = [
+    "task",
+    "prefill",
+    "pass",
+    "source",
+    "target",
+    "feedback",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 
 
 # what one attribution batch may hold at its peak, beyond the model
@@ -70,9 +95,12 @@ def check_attribution_work(m, bs, pf, kinds, check: str, ig_steps: int, prefill:
     sites = passes * count_sites(m, kinds, len(m.depth_hooks()))
     checked = sites if check == "all" else min(int(check), sites)
     tokens = sum(int(b.tokens.numel()) for b in bs)
-    check_work(m, tokens * passes * (4 * (1 + ig_steps) + checked),
-               f"--prefill {prefill} --check {check} --ig-steps {ig_steps}",
-               f"{checked:,} exact patches and {1 + ig_steps} backward pass(es) on {tokens:,} tokens")  # fmt: skip
+    check_work(
+        m,
+        tokens * passes * (4 * (1 + ig_steps) + checked),
+        f"--prefill {prefill} --check {check} --ig-steps {ig_steps}",
+        f"{checked:,} exact patches and {1 + ig_steps} backward pass(es) on {tokens:,} tokens",
+    )
 
 
 def parse_args(prefill: str, kinds: str, edges: str, check: str):
@@ -89,17 +117,38 @@ def parse_args(prefill: str, kinds: str, edges: str, check: str):
     return pf, tuple(chosen), {"on": True, "off": False, "auto": None}[edges], check
 
 
-def sweep(m, pairs, bs: list[PairBatch], pf, kinds, edges: bool, qk_fix: bool, ig_steps: int,
-          progress=None,
-          label: str = "") -> dict:  # fmt: skip
+def sweep(
+    m,
+    pairs,
+    bs: list[PairBatch],
+    pf,
+    kinds,
+    edges: bool,
+    qk_fix: bool,
+    ig_steps: int,
+    progress=None,
+    label: str = "",
+) -> dict:
     """Every batch's attribution, gathered per pair: the clean and twin logit differences and
     each site's (edge's) estimated change."""
     n = len(pairs)
-    acc = {"ld_clean": np.zeros(n), "ld_twin": np.zeros(n), "estimate": {}, "linear": {},
-           "edges": {}}  # fmt: skip
+    acc = {
+        "ld_clean": np.zeros(n),
+        "ld_twin": np.zeros(n),
+        "estimate": {},
+        "linear": {},
+        "edges": {},
+    }
     for k, b in enumerate(bs):
-        r = attribute(m, prefill=pf, kinds=kinds, edges=edges, qk_fix=qk_fix, ig_steps=ig_steps,
-                      **batch_inputs(b, pairs))  # fmt: skip
+        r = attribute(
+            m,
+            prefill=pf,
+            kinds=kinds,
+            edges=edges,
+            qk_fix=qk_fix,
+            ig_steps=ig_steps,
+            **batch_inputs(b, pairs),
+        )
         acc["ld_clean"][b.idx] = r.ld_clean.double().cpu().numpy()
         acc["ld_twin"][b.idx] = r.ld_twin.double().cpu().numpy()
         for part in ("estimate", "linear", "edges"):
@@ -123,8 +172,11 @@ def normalised(changes: dict, acc: dict, groups: np.ndarray, seed: int, shift: b
         for key, d in changes.items():
             value = float(shift) + d.sum() / full
             draws = float(shift) + boot.sums(d) / span
-            lo, hi = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
-                np.nan, np.nan)  # fmt: skip
+            lo, hi = (
+                np.nanpercentile(draws, [2.5, 97.5])
+                if np.isfinite(draws).any()
+                else (np.nan, np.nan)
+            )
             out[key] = (float(value), float(lo), float(hi))
     return out
 
@@ -136,27 +188,67 @@ def site_table(acc, exact, task, pf, seed, groups) -> pd.DataFrame:
     rows = []
     for s, (v, lo, hi) in est.items():
         ex = exact.get(s, (np.nan,) * 3)
-        rows.append({"task": task, "prefill": pf.name, "pass": s.pass_number or "",
-                     "intervention": f"patch_{s.kind}", "site": s.name, "positions": s.where,
-                     "alpha": np.nan, "metric": "logit_diff", "value": v, "ci_low": lo,
-                     "ci_high": hi, "n": len(groups), "linear": lin[s][0], "exact": ex[0],
-                     "exact_ci_low": ex[1], "exact_ci_high": ex[2]})  # fmt: skip
+        rows.append(
+            {
+                "task": task,
+                "prefill": pf.name,
+                "pass": s.pass_number or "",
+                "intervention": f"patch_{s.kind}",
+                "site": s.name,
+                "positions": s.where,
+                "alpha": np.nan,
+                "metric": "logit_diff",
+                "value": v,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n": len(groups),
+                "linear": lin[s][0],
+                "exact": ex[0],
+                "exact_ci_low": ex[1],
+                "exact_ci_high": ex[2],
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def edge_table(acc, task, pf, seed, groups) -> pd.DataFrame:
     """``edges.csv``: one row per edge, its share of the logit difference (0: none)."""
-    rows = [{"task": task, "prefill": pf.name, "pass": e.pass_number or "", "source": e.source,
-             "target": e.target, "feedback": e.feedback, "value": v, "ci_low": lo, "ci_high": hi,
-             "n": len(groups)}
-            for e, (v, lo, hi) in normalised(acc["edges"], acc, groups, seed, shift=False).items()]  # fmt: skip
+    rows = [
+        {
+            "task": task,
+            "prefill": pf.name,
+            "pass": e.pass_number or "",
+            "source": e.source,
+            "target": e.target,
+            "feedback": e.feedback,
+            "value": v,
+            "ci_low": lo,
+            "ci_high": hi,
+            "n": len(groups),
+        }
+        for e, (v, lo, hi) in normalised(acc["edges"], acc, groups, seed, shift=False).items()
+    ]
     return pd.DataFrame(rows, columns=EDGE_COLUMNS)
 
 
-def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent",
-                   kinds="resid,head,state,path", edges="auto", check="20", qk_fix=True, ig_steps=0,
-                   data=None, out="results/attribute", seed=0, batch_size=32,
-                   device="cpu", groups=None, progress=None) -> tuple[dict, list[str]]:  # fmt: skip
+def attribute_task(
+    *,
+    model="default",
+    task="delayed_memory",
+    prefill="recurrent",
+    kinds="resid,head,state,path",
+    edges="auto",
+    check="20",
+    qk_fix=True,
+    ig_steps=0,
+    data=None,
+    out="results/attribute",
+    seed=0,
+    batch_size=32,
+    device="cpu",
+    groups=None,
+    progress=None,
+) -> tuple[dict, list[str]]:
     """``fbt-probe attribute`` (see the module docstring); every argument is checked first."""
     pf, chosen, want_edges, check = parse_args(prefill, kinds, edges, check)
     out = Path(out)
@@ -168,11 +260,14 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     m.eval()
     has_layout = edge_layout(m) is not None
     if want_edges and not has_layout:
-        raise ValueError(f"--edges on: {name} lacks the layout edges need (a sequential pre-norm "
-                         "stack with per-head hooks, feedback into block 0); use --edges off")  # fmt: skip
+        raise ValueError(
+            f"--edges on: {name} lacks the layout edges need (a sequential pre-norm "
+            "stack with per-head hooks, feedback into block 0); use --edges off"
+        )
     if set(chosen) & {"head", "path"} and not m.n_heads:
-        raise ValueError(f"{name}: its attention layout has no per-head hooks here; use "
-                         "--kinds resid,state")  # fmt: skip
+        raise ValueError(
+            f"{name}: its attention layout has no per-head hooks here; use --kinds resid,state"
+        )
     want_edges = has_layout if want_edges is None else want_edges
     pairs = pairs_of(load_or_generate(task, data, m, twins=True))
     keep = np.flatnonzero(pairs.shift == 0)
@@ -196,10 +291,21 @@ def attribute_task(*, model="default", task="delayed_memory", prefill="recurrent
     exact = normalised(exact, acc, pairs.groups, seed) if picked else {}
     df = site_table(acc, exact, task, pf, seed, pairs.groups)
     edf = edge_table(acc, task, pf, seed, pairs.groups) if want_edges else None
-    meta = {"model": name, "task": task, "prefill": pf.name, "kinds": list(chosen),
-            "edges": bool(want_edges), "qk_fix": qk_fix, "ig_steps": ig_steps, "groups": groups,
-            "n_pairs": len(pairs), "n_batches": len(bs), "sites": len(df),
-            "seconds": seconds, "agreement": agreement(df)}  # fmt: skip
+    meta = {
+        "model": name,
+        "task": task,
+        "prefill": pf.name,
+        "kinds": list(chosen),
+        "edges": bool(want_edges),
+        "qk_fix": qk_fix,
+        "ig_steps": ig_steps,
+        "groups": groups,
+        "n_pairs": len(pairs),
+        "n_batches": len(bs),
+        "sites": len(df),
+        "seconds": seconds,
+        "agreement": agreement(df),
+    }
     return {"attribution": df, "edges": edf}, write_attribution(df, edf, meta, out)
 
 
@@ -213,15 +319,36 @@ def write_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> list[str]
     plot_attribution(df, edf, meta, out / "figures")
     lines = findings(df, edf, meta)
     wrote = "attribution.csv" + (", edges.csv" if edf is not None else "")
-    lines.append(f"wrote {wrote} in {out} ({len(df)} sites"
-                 + (f", {len(edf)} edges" if edf is not None else "")
-                 + f") and figures in {out / 'figures'}")  # fmt: skip
+    lines.append(
+        f"wrote {wrote} in {out} ({len(df)} sites"
+        + (f", {len(edf)} edges" if edf is not None else "")
+        + f") and figures in {out / 'figures'}"
+    )
     return lines
 
 
 def run(options, progress=None) -> Result:
     """The ``attribute`` analysis (``probes.attribute.AttributeOptions``)."""
-    tables, lines = attribute_task(**{f: getattr(options, f) for f in (
-        "model", "task", "prefill", "kinds", "edges", "check", "qk_fix", "ig_steps", "data", "out", "seed",
-        "batch_size", "device", "groups")}, progress=progress)  # fmt: skip
+    tables, lines = attribute_task(
+        **{
+            f: getattr(options, f)
+            for f in (
+                "model",
+                "task",
+                "prefill",
+                "kinds",
+                "edges",
+                "check",
+                "qk_fix",
+                "ig_steps",
+                "data",
+                "out",
+                "seed",
+                "batch_size",
+                "device",
+                "groups",
+            )
+        },
+        progress=progress,
+    )
     return Result({k: v for k, v in tables.items() if v is not None}, lines)

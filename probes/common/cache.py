@@ -37,8 +37,14 @@ def rows_digest(token_ids, colon_index, positions) -> str:
 
 
 def entry_inputs(mhash: str, rows: str, prefill: str, site: str, task: str) -> dict:
-    return {"version": VERSION, "model_hash": mhash, "rows": rows, "prefill": prefill,
-            "site": site, "task": task}  # fmt: skip
+    return {
+        "version": VERSION,
+        "model_hash": mhash,
+        "rows": rows,
+        "prefill": prefill,
+        "site": site,
+        "task": task,
+    }
 
 
 def entry_path(cache_dir: Path, inputs: dict) -> Path:

@@ -37,8 +37,9 @@ def load_or_generate(
         if twins and tokenizer is not None and "n_shifted" not in ds.meta.get("twins", {}):
             # made before shifted twins were kept (it dropped every twin whose label word
             # took another number of tokens): this default file is remade
-            generate_dataset(task, path, seed=DEFAULT_SEED, twins=True, tokenizer=tokenizer,
-                             force=True)  # fmt: skip
+            generate_dataset(
+                task, path, seed=DEFAULT_SEED, twins=True, tokenizer=tokenizer, force=True
+            )
             ds = load(path)
     if model is not None:
         check_encoding(ds, model, path)
@@ -74,8 +75,9 @@ def one_task(task: str, all_too: bool = False) -> str:
     only where ``all_too``)."""
     if "," in task or (task == "all" and not all_too):
         also = " or 'all'" if all_too else ""
-        raise ValueError(f"--task {task!r}: this command takes one task{also}, one of "
-                         f"{', '.join(task_names())}")  # fmt: skip
+        raise ValueError(
+            f"--task {task!r}: this command takes one task{also}, one of {', '.join(task_names())}"
+        )
     if task != "all":
         known(task)
     return task

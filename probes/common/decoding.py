@@ -12,9 +12,11 @@ from tasks import get_task, is_generated, task_names, vocab
 from tasks.dataset import Dataset
 from tasks.lists import comma_items
 
-MODES_HELP = ("Decoding modes, comma-separated: standard (tokens only), soft (each generated "
-              "step fused with the last state), fused (soft after a recurrent prefill), full "
-              "(soft after the exact recurrence).")  # fmt: skip
+MODES_HELP = (
+    "Decoding modes, comma-separated: standard (tokens only), soft (each generated "
+    "step fused with the last state), fused (soft after a recurrent prefill), full "
+    "(soft after the exact recurrence)."
+)
 
 
 def generation_tasks(task: str) -> tuple[str, ...]:
@@ -24,16 +26,20 @@ def generation_tasks(task: str) -> tuple[str, ...]:
     for t in names:
         known(t)
         if not is_generated(t):
-            raise ValueError(f"--task {t}: its answer is read at the colon, not generated; "
-                             f"this command reads {', '.join(task_names(generated=True))}")  # fmt: skip
+            raise ValueError(
+                f"--task {t}: its answer is read at the colon, not generated; "
+                f"this command reads {', '.join(task_names(generated=True))}"
+            )
     return names
 
 
 def require_words(model) -> None:
     """The generation analyses read the built-in word vocabulary's datasets."""
     if getattr(model, "encoding", None) is not None:
-        raise ValueError("--model: the generation analyses read word-vocabulary models (a "
-                         "model with a tokenizer of its own is not supported by them yet)")  # fmt: skip
+        raise ValueError(
+            "--model: the generation analyses read word-vocabulary models (a "
+            "model with a tokenizer of its own is not supported by them yet)"
+        )
 
 
 def oracle(ds: Dataset) -> list[tuple[str, ...]]:
@@ -46,8 +52,10 @@ def oracle(ds: Dataset) -> list[tuple[str, ...]]:
         words = tuple(vocab.decode(ids[: int(ds.colon_index[i]) + 1]).split())
         ans = tuple(mod.solve(words, params))
         if ans != tuple(ds.labels[i]):
-            raise ValueError(f"{ds.task}: row {i}'s answer {' '.join(ds.labels[i])!r} is not "
-                             f"the oracle's {' '.join(ans)!r}: the dataset is damaged")  # fmt: skip
+            raise ValueError(
+                f"{ds.task}: row {i}'s answer {' '.join(ds.labels[i])!r} is not "
+                f"the oracle's {' '.join(ans)!r}: the dataset is damaged"
+            )
         out.append(ans)
     return out
 

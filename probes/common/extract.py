@@ -189,8 +189,9 @@ def _gather(part: np.ndarray | None, device) -> np.ndarray:
     a rank's array are zero); a rank with no batch learns the shape from the others."""
     import torch.distributed as dist
 
-    shape = torch.tensor(part.shape if part is not None else (0, 0, 0), dtype=torch.long,
-                         device=device)  # fmt: skip
+    shape = torch.tensor(
+        part.shape if part is not None else (0, 0, 0), dtype=torch.long, device=device
+    )
     dist.all_reduce(shape, op=dist.ReduceOp.MAX)
     full = torch.zeros(tuple(shape.tolist()), dtype=torch.float32, device=device)
     if part is not None:

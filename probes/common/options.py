@@ -62,11 +62,14 @@ def _text(node: ast.expr, names: dict) -> str | None:
 
 
 JACOBI_WORDS = "standard (1 pass), recurrent (2 passes) or k<N> (N passes)"
-PREFILLS_HELP = ("How each prompt is run: standard, recurrent (2 Jacobi passes), full (the exact "
-                 "recurrence), k<N> (N Jacobi passes); a comma-separated list, or 'all' (the "
-                 "first three).")  # fmt: skip
-PREFILL_WORDS = ("standard, recurrent (2 Jacobi passes), full (the exact recurrence), k<N> (N "
-                 "Jacobi passes)")  # fmt: skip
+PREFILLS_HELP = (
+    "How each prompt is run: standard, recurrent (2 Jacobi passes), full (the exact "
+    "recurrence), k<N> (N Jacobi passes); a comma-separated list, or 'all' (the "
+    "first three)."
+)
+PREFILL_WORDS = (
+    "standard, recurrent (2 Jacobi passes), full (the exact recurrence), k<N> (N Jacobi passes)"
+)
 
 
 @dataclass(frozen=True)
@@ -106,5 +109,8 @@ def as_kwargs(options, *drop: str, **rename: str) -> dict:
     """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``
     mapping a field to the function's own name for it. ``force`` is never passed: the
     analysis's transaction (``probes.analysis``) takes it, not the function."""
-    return {rename.get(f.name, f.name): getattr(options, f.name) for f in fields(options)
-            if f.name not in (*drop, "force")}  # fmt: skip
+    return {
+        rename.get(f.name, f.name): getattr(options, f.name)
+        for f in fields(options)
+        if f.name not in (*drop, "force")
+    }

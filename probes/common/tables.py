@@ -42,16 +42,22 @@ def findings(title: str, df: pd.DataFrame, headline, tasks=None) -> list[str]:
 NUMBERS = ("value", "ci_low", "ci_high", "n")
 
 
-def read_table(path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...] = (),
-               **read_csv) -> pd.DataFrame:  # fmt: skip
+def read_table(
+    path: Path, required: tuple[str, ...] = (), numeric: tuple[str, ...] = (), **read_csv
+) -> pd.DataFrame:
     """A results table an analysis wrote, read back (a report, a redraw): refused in one line
     naming ``path`` where it is not CSV, lacks a ``required`` column or has empty cells in
     one (cut short, or edited), or holds other than numbers in a ``numeric`` column."""
     path = Path(path)
     try:
         df = pd.read_csv(path, **read_csv)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
-            OSError) as e:  # fmt: skip
+    except (
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+        UnicodeDecodeError,
+        ValueError,
+        OSError,
+    ) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a results table ({first})") from None
     df = df.rename(columns=OLD_COLUMNS)

@@ -54,8 +54,12 @@ class Pairs:
 
     def subset(self, keep: np.ndarray) -> Pairs:
         """The pairs at the indices ``keep``."""
-        return Pairs(**{f: [v[i] for i in keep] if isinstance(v, list) else v[keep]
-                        for f, v in vars(self).items()})  # fmt: skip
+        return Pairs(
+            **{
+                f: [v[i] for i in keep] if isinstance(v, list) else v[keep]
+                for f, v in vars(self).items()
+            }
+        )
 
 
 def pairs_of(ds: Dataset, min_count: int = 1) -> Pairs:
@@ -124,8 +128,9 @@ class PairBatch:
         return bool((self.twin_answer == self.answer).all())
 
 
-def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
-            max_tokens: int | None = None) -> list[PairBatch]:  # fmt: skip
+def batches(
+    pairs: Pairs, batch_size: int, device, spread: float = 0.1, max_tokens: int | None = None
+) -> list[PairBatch]:
     """Examples sorted by length, at most ``batch_size`` at a time (and at most ``max_tokens``
     tokens, padded to the longest), and a new batch wherever
     the length grows by more than ``spread`` (and 4 positions) over the batch's shortest: a
@@ -152,8 +157,10 @@ def batches(pairs: Pairs, batch_size: int, device, spread: float = 0.1,
         # up to the answer: a causal model's later positions change nothing read there
         a = padded([pairs.tokens[i][: pairs.answer[i] + 1] for i in idx])
         b = padded([pairs.twin_tokens[i][: pairs.twin_answer[i] + 1] for i in idx])
-        at = [torch.as_tensor(x[idx], device=device)
-              for x in (pairs.answer, pairs.twin_answer, pairs.label_pos, pairs.colon)]  # fmt: skip
+        at = [
+            torch.as_tensor(x[idx], device=device)
+            for x in (pairs.answer, pairs.twin_answer, pairs.label_pos, pairs.colon)
+        ]
         out.append(PairBatch(idx, a.to(device), b.to(device), *at))
     return out
 

@@ -94,8 +94,10 @@ def user_errors(fn):
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
             first = str(e).splitlines()[0] if str(e) else ""
-            fail(f"unexpected {type(e).__name__}{': ' + first if first else ''} "
-                 f"(a bug or an unusual input; {DEBUG_ENV}=1 shows the traceback)")  # fmt: skip
+            fail(
+                f"unexpected {type(e).__name__}{': ' + first if first else ''} "
+                f"(a bug or an unusual input; {DEBUG_ENV}=1 shows the traceback)"
+            )
 
     return wrapper
 
@@ -145,8 +147,11 @@ class Command(typer.core.TyperCommand):
             bounds = {f.name: f.metadata.get("click", {}) for f in fields(self.options)}
             for p in self.params:
                 p.help = docs.get(p.name, p.help)
-                said = [f"{w} {bounds[p.name][k]}" for k, w in (("min", "at least"), ("max", "at most"))
-                        if k in bounds.get(p.name, {})]  # fmt: skip
+                said = [
+                    f"{w} {bounds[p.name][k]}"
+                    for k, w in (("min", "at least"), ("max", "at most"))
+                    if k in bounds.get(p.name, {})
+                ]
                 if said and p.help:
                     p.help += f" [{', '.join(said)}]"
         named = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
@@ -183,12 +188,20 @@ def analysis_command(analysis):
         # the library call and on the command line; the help shows them
         click = {k: v for k, v in f.metadata.get("click", {}).items() if k not in ("min", "max")}
         opt = typer.Option(default, *flags, **click)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,
-                                        annotation=hints[f.name]))  # fmt: skip
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=hints[f.name]
+            )
+        )
     for flag, replacement in analysis.moved.items():
-        params.append(inspect.Parameter(flag.strip("-").replace("-", "_") + "_moved",
-                                        inspect.Parameter.KEYWORD_ONLY,
-                                        default=moved_option(flag, replacement), annotation=str))  # fmt: skip
+        params.append(
+            inspect.Parameter(
+                flag.strip("-").replace("-", "_") + "_moved",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=moved_option(flag, replacement),
+                annotation=str,
+            )
+        )
 
     def command(**kw):
         chosen = options(**{k: v for k, v in kw.items() if not k.endswith("_moved")})

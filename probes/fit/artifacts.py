@@ -64,12 +64,17 @@ def fit_and_save(folder, cells, data, probe: str, run_meta: dict, n_jobs: int = 
         for k, v in p.state().items():
             tensors[f"{i}.{k}"] = np.ascontiguousarray(v)
         cell_meta = {k: v for k, v in asdict(cell).items() if k not in ("C", "model")}
-        index.append({
-            **cell_meta, **p.config(), "n_examples": int(len(y)),
-            "model_hash": run_meta["model_hash"],
-            "dataset_hash": run_meta["datasets"][cell.task]["content_hash"],
-            "fold_seed": run_meta["fold_seed"], "fitted_on": "all examples of the cell (counts 1..256)",
-        })  # fmt: skip
+        index.append(
+            {
+                **cell_meta,
+                **p.config(),
+                "n_examples": int(len(y)),
+                "model_hash": run_meta["model_hash"],
+                "dataset_hash": run_meta["datasets"][cell.task]["content_hash"],
+                "fold_seed": run_meta["fold_seed"],
+                "fitted_on": "all examples of the cell (counts 1..256)",
+            }
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp)))
@@ -79,8 +84,15 @@ def fit_and_save(folder, cells, data, probe: str, run_meta: dict, n_jobs: int = 
 
 
 # what every entry of probes.json must hold, and of which type
-FIELDS = {"task": str, "target": str, "prefill": str, "depth": int, "probe": str,
-          "classes": list, "model_hash": str}  # fmt: skip
+FIELDS = {
+    "task": str,
+    "target": str,
+    "prefill": str,
+    "depth": int,
+    "probe": str,
+    "classes": list,
+    "model_hash": str,
+}
 
 
 def load_probes(folder) -> list[SavedProbe]:
@@ -118,12 +130,13 @@ def _saved(i: int, meta, arrays: dict, folder: Path) -> SavedProbe:
     try:
         return SavedProbe(meta, probe_class(meta["probe"]).from_saved(meta, state))
     except (KeyError, ValueError, TypeError) as e:
-        raise ValueError(f"{index}: probe {i} ({meta['probe']}) does not match its arrays in "
-                         f"{weights.name} ({e})") from None  # fmt: skip
+        raise ValueError(
+            f"{index}: probe {i} ({meta['probe']}) does not match its arrays in "
+            f"{weights.name} ({e})"
+        ) from None
 
 
-def check_use(probes: list[SavedProbe], folder, model_hash: str, cells, depths,
-              width: int) -> None:  # fmt: skip
+def check_use(probes: list[SavedProbe], folder, model_hash: str, cells, depths, width: int) -> None:
     """Saved probes for a use that reads a linear direction of every (task, prefill) in
     ``cells`` at each of ``depths`` on the residual, for one model: anything else is refused
     in one line naming the file and what differs (another model, task, prefill, site, kind
@@ -135,33 +148,46 @@ def check_use(probes: list[SavedProbe], folder, model_hash: str, cells, depths,
     )
     mine = [p for p in probes if p.meta["model_hash"] == model_hash]
     if not mine:
-        raise ValueError(f"{index}: its probes were fitted on another model (hash "
-                         f"{probes[0].meta['model_hash'][:12]}..., this one {model_hash[:12]}...)")  # fmt: skip
+        raise ValueError(
+            f"{index}: its probes were fitted on another model (hash "
+            f"{probes[0].meta['model_hash'][:12]}..., this one {model_hash[:12]}...)"
+        )
     for task, prefill in cells:
         have = [p for p in mine if p.meta["task"] == task and p.meta["prefill"] == prefill]
         if not have:
             held = sorted({f"{p.meta['task']} under {p.meta['prefill']}" for p in mine})
-            raise ValueError(f"{index} has no probe of {task} under prefill {prefill} (it holds "
-                             f"{', '.join(held)})")  # fmt: skip
+            raise ValueError(
+                f"{index} has no probe of {task} under prefill {prefill} (it holds "
+                f"{', '.join(held)})"
+            )
         sites = {p.meta.get("site", "resid") for p in have}
         if "resid" not in sites:
-            raise ValueError(f"{index}: the probes of {task} under {prefill} read site "
-                             f"{', '.join(sorted(sites))}, not the residual (resid)")  # fmt: skip
+            raise ValueError(
+                f"{index}: the probes of {task} under {prefill} read site "
+                f"{', '.join(sorted(sites))}, not the residual (resid)"
+            )
         have = [p for p in have if p.meta.get("site", "resid") == "resid"]
         if all(p.direction() is None for p in have):
-            raise ValueError(f"{index}: the probes of {task} under {prefill} are "
-                             f"{have[0].meta['probe']} probes, which have no direction "
-                             "(fit them with --probe logistic)")  # fmt: skip
-        missing = sorted({d for d in depths} - {p.meta["depth"] for p in have
-                                                 if p.direction() is not None})  # fmt: skip
+            raise ValueError(
+                f"{index}: the probes of {task} under {prefill} are "
+                f"{have[0].meta['probe']} probes, which have no direction "
+                "(fit them with --probe logistic)"
+            )
+        missing = sorted(
+            {d for d in depths} - {p.meta["depth"] for p in have if p.direction() is not None}
+        )
         if missing:
-            raise ValueError(f"{index} has no linear probe of {task} under {prefill} at depth "
-                             f"{', '.join(map(str, missing[:5]))}")  # fmt: skip
+            raise ValueError(
+                f"{index} has no linear probe of {task} under {prefill} at depth "
+                f"{', '.join(map(str, missing[:5]))}"
+            )
         widths = {p.direction().shape[-1] for p in have if p.direction() is not None}
         if widths != {width}:
-            raise ValueError(f"{index}: the probes of {task} under {prefill} read "
-                             f"{', '.join(map(str, sorted(widths)))} features, the model's "
-                             f"residual has {width}")  # fmt: skip
+            raise ValueError(
+                f"{index}: the probes of {task} under {prefill} read "
+                f"{', '.join(map(str, sorted(widths)))} features, the model's "
+                f"residual has {width}"
+            )
 
 
 def find(probes: list[SavedProbe], **where) -> SavedProbe:

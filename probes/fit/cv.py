@@ -143,7 +143,12 @@ def fit_cell(X, y, groups, seed, folds, C=None, probe="logistic") -> dict:
     lo, hi = bootstrap_ci(res.correct, groups, seed)
     cs = [c for c in res.Cs if c == c]
     return {
-        "accuracy": res.accuracy, "ci_low": lo, "ci_high": hi, "chance": res.chance,
-        "majority": res.majority, "n_examples": int(len(y)), "n_groups": int(len(np.unique(groups))),
+        "accuracy": res.accuracy,
+        "ci_low": lo,
+        "ci_high": hi,
+        "chance": res.chance,
+        "majority": res.majority,
+        "n_examples": int(len(y)),
+        "n_groups": int(len(np.unique(groups))),
         "C": float(np.median(cs)) if cs else float("nan"),
-    }  # fmt: skip
+    }

@@ -26,9 +26,16 @@ from tasks.base import POOLED
 
 def _heat(ax, mat: pd.DataFrame, chance: float, title: str, xlabel: str, ylabel: str):
     sns.heatmap(
-        mat, ax=ax, vmin=chance, vmax=1.0, cmap=CMAP, annot=True, fmt=".2f",
-        cbar_kws={"label": f"probe accuracy (scale from chance {chance:.2f} to 1)"}, linewidths=0.5,
-    )  # fmt: skip
+        mat,
+        ax=ax,
+        vmin=chance,
+        vmax=1.0,
+        cmap=CMAP,
+        annot=True,
+        fmt=".2f",
+        cbar_kws={"label": f"probe accuracy (scale from chance {chance:.2f} to 1)"},
+        linewidths=0.5,
+    )
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -42,16 +49,23 @@ def plot_prefill_by_depth(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame
         if not panels:
             continue
         width = max(g.depth.nunique() for _, g in panels)
-        fig, axes = subplots(1, len(panels), figsize=(1.2 + 1.3 * width * len(panels), 3.2),
-                             squeeze=False)  # fmt: skip
+        fig, axes = subplots(
+            1, len(panels), figsize=(1.2 + 1.3 * width * len(panels), 3.2), squeeze=False
+        )
         for ax, (target, g) in zip(axes[0], panels, strict=True):
             mat = g.pivot(index="prefill", columns="depth", values="accuracy").reindex(
                 ordered_prefills(g)
             )
             chance = float(g.chance.mean())
             name = task if target == "label" else f"{task} {target}"
-            _heat(ax, mat, chance, f"{name}: accuracy at the colon\n(chance {chance:.2f}; pooled "
-                  f"counts {POOLED})", "depth (0 = block 0 input)", "prefill")  # fmt: skip
+            _heat(
+                ax,
+                mat,
+                chance,
+                f"{name}: accuracy at the colon\n(chance {chance:.2f}; pooled counts {POOLED})",
+                "depth (0 = block 0 input)",
+                "prefill",
+            )
             drawn[f"{task}/{target}"] = mat
         save_figure(fig, out, f"heatmap_{task}_prefill_by_depth")
     return drawn
@@ -69,8 +83,14 @@ def plot_depth_by_count(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
             mat = g.pivot(index="depth", columns="count", values="accuracy").sort_index()
             chance = float(g.chance.mean())
             name = task if target == "label" else f"{task} {target}"
-            _heat(ax, mat, chance, f"{name}, {p} prefill (chance {chance:.2f})",
-                  "distractor count", "depth")  # fmt: skip
+            _heat(
+                ax,
+                mat,
+                chance,
+                f"{name}, {p} prefill (chance {chance:.2f})",
+                "distractor count",
+                "depth",
+            )
             drawn[f"{task}/{target}/{p}"] = mat
         save_figure(fig, out, f"heatmap_{task}_depth_by_count")
     return drawn
@@ -91,8 +111,14 @@ def plot_overwrites(df: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
                 index="depth", columns="k", values="accuracy", aggfunc="mean"
             ).sort_index()
             chance = float(g.chance.mean())
-            _heat(ax, mat, chance, f"{task}, {p} prefill\n(mean over targets; chance {chance:.2f})",
-                  name or "stratum", "depth")  # fmt: skip
+            _heat(
+                ax,
+                mat,
+                chance,
+                f"{task}, {p} prefill\n(mean over targets; chance {chance:.2f})",
+                name or "stratum",
+                "depth",
+            )
             drawn[f"{task}/{p}"] = mat
         save_figure(fig, out, f"heatmap_{task}_overwrites")
     return drawn

@@ -70,8 +70,13 @@ def multi_target_table(df: pd.DataFrame, task: str) -> str:
             index="k", columns="prefill", values="accuracy", aggfunc="mean"
         )
         name = (stratum(task) if task in task_names() else None) or "stratum"
-        lines += ["", f"At depth 0, by {name} (mean over targets):", "",
-                  f"| {name} | " + " | ".join(t.columns) + " |", "|---" * (1 + len(t.columns)) + "|"]  # fmt: skip
+        lines += [
+            "",
+            f"At depth 0, by {name} (mean over targets):",
+            "",
+            f"| {name} | " + " | ".join(t.columns) + " |",
+            "|---" * (1 + len(t.columns)) + "|",
+        ]
         for k, row in t.iterrows():
             lines.append(f"| {k} | " + " | ".join(percent(v) for v in row.values) + " |")
     return "\n".join(lines)
@@ -95,19 +100,22 @@ def report_header(meta: dict, df: pd.DataFrame) -> list[str]:
         "Pooled over distractor counts 1..256 (count 0 is trivial under recurrent prefill: the token "
         "before the colon is then the answer itself).",
         "",
-        "## Layer 0 at the colon (the paper's table)" if not meta.get("entry_depth") else
-        f"## Depth {meta['entry_depth']} at the colon, where this design's feedback enters",
+        "## Layer 0 at the colon (the paper's table)"
+        if not meta.get("entry_depth")
+        else f"## Depth {meta['entry_depth']} at the colon, where this design's feedback enters",
         "",
         paper_table(df, int(meta.get("entry_depth", 0))),
         "",
         "Decodable is not the same as used: only causal tests say whether the model relies on it.",
         "",
-    ]  # fmt: skip
+    ]
 
 
 def _tip(r, what: str) -> str:
-    return (f"{what}\naccuracy {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
-            f"n = {int(r.n_examples)} examples in {int(r.n_groups)} groups\nchance {r.chance:.3f}")  # fmt: skip
+    return (
+        f"{what}\naccuracy {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
+        f"n = {int(r.n_examples)} examples in {int(r.n_groups)} groups\nchance {r.chance:.3f}"
+    )
 
 
 def _grid(g: pd.DataFrame, index: str, columns: str, title: str, what) -> str:
@@ -121,20 +129,42 @@ def _grid(g: pd.DataFrame, index: str, columns: str, title: str, what) -> str:
         row = by.get((r, c))
         return None if row is None else (row.accuracy, _tip(row, what(r, c)))
 
-    return heatmap(f"{title} (chance {chance:.2f})", rows, cols, cell, lo=chance, hi=1.0,
-                   row_name=index, col_name=columns)  # fmt: skip
+    return heatmap(
+        f"{title} (chance {chance:.2f})",
+        rows,
+        cols,
+        cell,
+        lo=chance,
+        hi=1.0,
+        row_name=index,
+        col_name=columns,
+    )
 
 
 def prefill_by_depth(df: pd.DataFrame, task: str) -> list[str]:
-    return [_grid(g, "prefill", "depth", f"{task} {t}: prefill by depth, counts {POOLED}",
-                  lambda p, d, t=t: f"{task} {t}, {p} prefill, depth {d}")
-            for t, g in prefill_by_depth_panels(df, task)]  # fmt: skip
+    return [
+        _grid(
+            g,
+            "prefill",
+            "depth",
+            f"{task} {t}: prefill by depth, counts {POOLED}",
+            lambda p, d, t=t: f"{task} {t}, {p} prefill, depth {d}",
+        )
+        for t, g in prefill_by_depth_panels(df, task)
+    ]
 
 
 def depth_by_count(df: pd.DataFrame, task: str) -> list[str]:
-    return [_grid(g, "depth", "count", f"{task}, {p} prefill: depth by distractor count",
-                  lambda d, n, p=p: f"{task}, {p} prefill, depth {d}, {n} distractors")
-            for _, p, g in depth_by_count_panels(df, task)]  # fmt: skip
+    return [
+        _grid(
+            g,
+            "depth",
+            "count",
+            f"{task}, {p} prefill: depth by distractor count",
+            lambda d, n, p=p: f"{task}, {p} prefill, depth {d}, {n} distractors",
+        )
+        for _, p, g in depth_by_count_panels(df, task)
+    ]
 
 
 def overwrites(df: pd.DataFrame, task: str) -> list[str]:
@@ -148,23 +178,36 @@ def overwrites(df: pd.DataFrame, task: str) -> list[str]:
             h = g[(g.depth == d) & (g.k == k)]
             if h.empty:
                 return None
-            each = "\n".join(f"{r.target} {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}], n {int(r.n_examples)}"
-                             for r in h.itertuples(index=False))  # fmt: skip
+            each = "\n".join(
+                f"{r.target} {r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}], n {int(r.n_examples)}"
+                for r in h.itertuples(index=False)
+            )
             return (
                 h.accuracy.mean(),
                 f"{task}, {p} prefill, depth {d}, {name} {k}\nmean over targets {h.accuracy.mean():.3f}\n{each}",
             )
 
-        out.append(heatmap(f"{task}, {p} prefill: depth by {name}, mean over targets (chance {chance:.2f})",
-                           sorted(set(g.depth)), sorted(set(g.k)), cell, lo=chance, hi=1.0,
-                           row_name="depth", col_name=name))  # fmt: skip
+        out.append(
+            heatmap(
+                f"{task}, {p} prefill: depth by {name}, mean over targets (chance {chance:.2f})",
+                sorted(set(g.depth)),
+                sorted(set(g.k)),
+                cell,
+                lo=chance,
+                hi=1.0,
+                row_name="depth",
+                col_name=name,
+            )
+        )
     return out
 
 
 # the heatmaps of probes.fit.plot, each by its figure's stem, drawn here from the same panels
-HEATMAPS = {"heatmap_{task}_prefill_by_depth": prefill_by_depth,
-            "heatmap_{task}_depth_by_count": depth_by_count,
-            "heatmap_{task}_overwrites": overwrites}  # fmt: skip
+HEATMAPS = {
+    "heatmap_{task}_prefill_by_depth": prefill_by_depth,
+    "heatmap_{task}_depth_by_count": depth_by_count,
+    "heatmap_{task}_overwrites": overwrites,
+}
 
 
 def section(results: Path) -> list:
@@ -179,8 +222,14 @@ def section(results: Path) -> list:
     for task in dict.fromkeys(df.task):
         mt = multi_target_table(df, task)
         if mt:
-            parts += [f"## {task}: recurrent vs full prefill", "",
-                      "Accuracy by depth (mean over targets), pooled counts 1..256:", "", mt, ""]  # fmt: skip
+            parts += [
+                f"## {task}: recurrent vs full prefill",
+                "",
+                "Accuracy by depth (mean over targets), pooled counts 1..256:",
+                "",
+                mt,
+                "",
+            ]
     drawn = {
         stem.format(task=t): (draw, t) for stem, draw in HEATMAPS.items() for t in set(df.task)
     }

@@ -76,14 +76,25 @@ def layer0_table(df: pd.DataFrame, depth: int = 0) -> pd.DataFrame:
         r = tr.iloc[0]
         ctl = g[g.model == "random_init"]
         perm = g[g.model == "permuted"]
-        rows.append({
-            "task": task, "target": target, "probe": probe, "site": site, "prefill": prefill,
-            "accuracy": r.accuracy, "ci_low": r.ci_low, "ci_high": r.ci_high,
-            "chance": r.chance, "majority": r.majority,
-            "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
-            "permuted": perm.accuracy.iloc[0] if len(perm) else float("nan"),
-            "paper": PAPER_LAYER0.get((task, prefill), "") if site == "resid" and depth == 0 else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "task": task,
+                "target": target,
+                "probe": probe,
+                "site": site,
+                "prefill": prefill,
+                "accuracy": r.accuracy,
+                "ci_low": r.ci_low,
+                "ci_high": r.ci_high,
+                "chance": r.chance,
+                "majority": r.majority,
+                "random_init": ctl.accuracy.iloc[0] if len(ctl) else float("nan"),
+                "permuted": perm.accuracy.iloc[0] if len(perm) else float("nan"),
+                "paper": PAPER_LAYER0.get((task, prefill), "")
+                if site == "resid" and depth == 0
+                else "",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -132,17 +143,26 @@ def targets_in(df: pd.DataFrame, task: str) -> list[str]:
 def prefill_by_depth_panels(df: pd.DataFrame, task: str) -> list[tuple[str, pd.DataFrame]]:
     """``heatmap_<task>_prefill_by_depth``: per target, the trained model's rows pooled over
     counts 1..256 (prefill x depth)."""
-    sel = df[(df.model == "trained") & (df.distractors == POOLED) & (df.overwrites == "all")
-             & (df.task == task)]  # fmt: skip
+    sel = df[
+        (df.model == "trained")
+        & (df.distractors == POOLED)
+        & (df.overwrites == "all")
+        & (df.task == task)
+    ]
     return [(t, sel[sel.target == t]) for t in targets_in(sel, task)]
 
 
-def depth_by_count_panels(df: pd.DataFrame, task: str, prefills=("standard", "recurrent")
-                          ) -> list[tuple[str, str, pd.DataFrame]]:  # fmt: skip
+def depth_by_count_panels(
+    df: pd.DataFrame, task: str, prefills=("standard", "recurrent")
+) -> list[tuple[str, str, pd.DataFrame]]:
     """``heatmap_<task>_depth_by_count``: the first target's rows per distractor count (a
     ``count`` column), one panel per prefill of ``prefills`` present."""
-    sel = df[(df.model == "trained") & (df.distractors != POOLED) & (df.overwrites == "all")
-             & (df.task == task)]  # fmt: skip
+    sel = df[
+        (df.model == "trained")
+        & (df.distractors != POOLED)
+        & (df.overwrites == "all")
+        & (df.task == task)
+    ]
     if sel.empty:
         return []
     target = targets_in(sel, task)[0]
@@ -150,8 +170,9 @@ def depth_by_count_panels(df: pd.DataFrame, task: str, prefills=("standard", "re
     return [(target, p, sel[sel.prefill == p]) for p in prefills if p in set(sel.prefill)]
 
 
-def overwrites_panels(df: pd.DataFrame, task: str, prefills=("recurrent", "full")
-                      ) -> list[tuple[str, pd.DataFrame]]:  # fmt: skip
+def overwrites_panels(
+    df: pd.DataFrame, task: str, prefills=("recurrent", "full")
+) -> list[tuple[str, pd.DataFrame]]:
     """``heatmap_<task>_overwrites`` (a task with a stratum of its own): every target's rows by
     stratum value (a ``k`` column), one panel per prefill of ``prefills`` present."""
     sel = df[(df.model == "trained") & (df.overwrites != "all") & (df.task == task)]

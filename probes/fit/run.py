@@ -43,10 +43,24 @@ from tasks.dataset import Dataset
 from tasks.safe_files import check_output_dir, claims
 
 COLUMNS = [
-    "task", "target", "model", "prefill", "depth", "distractors", "overwrites",
-    "accuracy", "ci_low", "ci_high", "chance", "majority", "n_examples", "n_groups", "C",
-    "probe", "site",
-]  # fmt: skip
+    "task",
+    "target",
+    "model",
+    "prefill",
+    "depth",
+    "distractors",
+    "overwrites",
+    "accuracy",
+    "ci_low",
+    "ci_high",
+    "chance",
+    "majority",
+    "n_examples",
+    "n_groups",
+    "C",
+    "probe",
+    "site",
+]
 CONTROLS = ("random_init", "permuted")
 
 
@@ -156,13 +170,25 @@ def cell_data(
 
 
 @claims("out_dir")
-def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK_NAMES,
-            prefills: tuple[str, ...] = PREFILLS, data: dict[str, str | Path] | None = None,
-            out_dir: str | Path = "results", *, seed: int = 0, folds: int = N_FOLDS,
-            controls: bool = True, per_count: bool = True,
-            cache_dir: str | Path | None = DEFAULT_CACHE, n_jobs: int = 2, progress=None,
-            probe: str = "logistic", sites: tuple[str, ...] = (RESID,),
-            save_probes: bool = True) -> pd.DataFrame:  # fmt: skip
+def run_fit(
+    model: FeedbackModel,
+    model_name: str,
+    tasks: tuple[str, ...] = TASK_NAMES,
+    prefills: tuple[str, ...] = PREFILLS,
+    data: dict[str, str | Path] | None = None,
+    out_dir: str | Path = "results",
+    *,
+    seed: int = 0,
+    folds: int = N_FOLDS,
+    controls: bool = True,
+    per_count: bool = True,
+    cache_dir: str | Path | None = DEFAULT_CACHE,
+    n_jobs: int = 2,
+    progress=None,
+    probe: str = "logistic",
+    sites: tuple[str, ...] = (RESID,),
+    save_probes: bool = True,
+) -> pd.DataFrame:
     """Run the protocol and write ``probe_results.csv``, ``probe_results.json`` and (with
     ``save_probes``) every trained pooled cell's probe, refit on all its data, to
     ``probes/`` (``probes.fit.artifacts``)."""
@@ -174,21 +200,32 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
     for site in sites:
         site_hooks(model, site)
     control = random_init_like(model, seed=seed) if controls else None
-    models = {"trained": (model, model_hash(model)),
-              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
+    models = {
+        "trained": (model, model_hash(model)),
+        "random_init": (control, model_hash(control) if control is not None else None),
+    }
     datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
     for t, ds in datasets.items():  # before the features are extracted, not after
         if folds > (n_groups := len(np.unique(ds.group))):
             raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
     passes = sum(prefill_passes(parse_prefill(p)) for p in prefills)
-    check_data_work(model, datasets.values(), passes, len(sites) * (1 + controls), "--prefill" + ", --site" * (len(sites) > 1))  # fmt: skip
+    check_data_work(
+        model,
+        datasets.values(),
+        passes,
+        len(sites) * (1 + controls),
+        "--prefill" + ", --site" * (len(sites) > 1),
+    )
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
     feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
     for site in sites:
         if all((site, p) in skipped for p in prefills):
             raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
-    n_depths = {(t, site): next(f.shape[1] for k, f in feats.items() if k[0] == t and k[2] == site)
-                for t in tasks for site in sites}  # fmt: skip
+    n_depths = {
+        (t, site): next(f.shape[1] for k, f in feats.items() if k[0] == t and k[2] == site)
+        for t in tasks
+        for site in sites
+    }
     # 2. the plan of cells, then its execution
     targets = {t: targets_of(ds) for t, ds in datasets.items()}
 
@@ -200,13 +237,17 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
             [(c, *data_of(c)) for c in cells], seed, folds, n_jobs, progress, label, probe
         )
 
-    plan = [c for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
-            if (c.site, c.prefill) not in skipped]  # fmt: skip
+    plan = [
+        c
+        for c in pooled_plan(tasks, datasets, prefills, sites, n_depths, controls)
+        if (c.site, c.prefill) not in skipped
+    ]
     rows = execute(plan, "probe (pooled)")
     if per_count:
         rows += execute(subset_plan(rows, datasets, targets, folds, grid), "probe (per count)")
-    meta = fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds,
-                    seed, grid)  # fmt: skip
+    meta = fit_meta(
+        model, model_name, models, datasets, prefills, probe, sites, skipped, folds, seed, grid
+    )
     savable = all(hasattr(probe_class(probe), a) for a in ("state", "config", "from_saved"))
     meta["probes_saved"] = bool(save_probes and savable)
     if save_probes and savable:
@@ -217,35 +258,79 @@ def run_fit(model: FeedbackModel, model_name: str, tasks: tuple[str, ...] = TASK
     return df
 
 
-def fit_meta(model, model_name, models, datasets, prefills, probe, sites, skipped, folds, seed,
-             grid) -> dict:  # fmt: skip
+def fit_meta(
+    model, model_name, models, datasets, prefills, probe, sites, skipped, folds, seed, grid
+) -> dict:
     """What ``probe_results.json`` says of a fit: the models, data, folds and seeds."""
     return {
-        "model": model_name, "model_hash": models["trained"][1], "random_init_hash": models["random_init"][1],
-        "datasets": {t: {"content_hash": d.content_hash, "seed": d.meta["seed"], "n_groups": d.meta["n_groups"],
-                         "distractors": d.meta["distractors"], "n_examples": len(d)} for t, d in datasets.items()},
-        "prefills": list(prefills), "probe": probe, "sites": list(sites),
-        "skipped": [f"{s} under {p} prefill (does not fire)" for s, p in skipped], "folds": folds, "fold_seed": seed,
-        "bootstrap_seed": seed, "permutation_seed": seed + 1, "random_init_seed": seed, "C_grid": list(grid),
+        "model": model_name,
+        "model_hash": models["trained"][1],
+        "random_init_hash": models["random_init"][1],
+        "datasets": {
+            t: {
+                "content_hash": d.content_hash,
+                "seed": d.meta["seed"],
+                "n_groups": d.meta["n_groups"],
+                "distractors": d.meta["distractors"],
+                "n_examples": len(d),
+            }
+            for t, d in datasets.items()
+        },
+        "prefills": list(prefills),
+        "probe": probe,
+        "sites": list(sites),
+        "skipped": [f"{s} under {p} prefill (does not fire)" for s, p in skipped],
+        "folds": folds,
+        "fold_seed": seed,
+        "bootstrap_seed": seed,
+        "permutation_seed": seed + 1,
+        "random_init_seed": seed,
+        "C_grid": list(grid),
         "cv": "StratifiedGroupKFold(shuffle=True) outer, GroupKFold inner (nested C); groups = base instance",
-        "model_config": model.cfg.to_dict(), "entry_depth": model.entry_depth, "versions": versions(),
-    }  # fmt: skip
+        "model_config": model.cfg.to_dict(),
+        "entry_depth": model.entry_depth,
+        "versions": versions(),
+    }
 
 
 def save_pooled_probes(rows, data_of, grid, probe, meta, folder: Path, n_jobs: int) -> None:
     """Every trained pooled cell's probe, refit on all its data, as artifacts in ``folder``."""
 
-    trained = [r for r in rows if r["model"] == "trained" and r["distractors"] == POOLED
-               and r["overwrites"] == "all"]  # fmt: skip
-    cells = [Cell(r["task"], r["target"], r["site"], r["prefill"], r["depth"],
-                  C=grid[-1] if r["C"] != r["C"] else r["C"]) for r in trained]  # fmt: skip
+    trained = [
+        r
+        for r in rows
+        if r["model"] == "trained" and r["distractors"] == POOLED and r["overwrites"] == "all"
+    ]
+    cells = [
+        Cell(
+            r["task"],
+            r["target"],
+            r["site"],
+            r["prefill"],
+            r["depth"],
+            C=grid[-1] if r["C"] != r["C"] else r["C"],
+        )
+        for r in trained
+    ]
     fit_and_save(folder, cells, [data_of(c)[:2] for c in cells], probe, meta, n_jobs)
 
 
-def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
-        passes: int | None = None, data: str | Path | None = None, out: str | Path = "results",
-        seed: int = 0, folds: int = N_FOLDS, controls: bool = True, probe: str = "logistic",
-        sites: tuple[str, ...] = (RESID,), device: str = "cpu", progress=None):  # fmt: skip
+def fit(
+    *,
+    model: str = "default",
+    task: str = "all",
+    prefill: str = "all",
+    passes: int | None = None,
+    data: str | Path | None = None,
+    out: str | Path = "results",
+    seed: int = 0,
+    folds: int = N_FOLDS,
+    controls: bool = True,
+    probe: str = "logistic",
+    sites: tuple[str, ...] = (RESID,),
+    device: str = "cpu",
+    progress=None,
+):
     """``fbt-probe fit``: the protocol on the model ``model`` names ('default' or a folder),
     checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
     and writes; returns (results, model name), or None on the other ranks."""
@@ -263,13 +348,33 @@ def fit(*, model: str = "default", task: str = "all", prefill: str = "all",
     for site in sites:
         site_hooks(m, site)
     if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
-        prefetch_features(m, task_list, prefills, data_map, sites, controls, seed,
-                          progress=progress if world.main else None)  # fmt: skip
+        prefetch_features(
+            m,
+            task_list,
+            prefills,
+            data_map,
+            sites,
+            controls,
+            seed,
+            progress=progress if world.main else None,
+        )
         world.barrier()
         if not world.main:
             return None
-    df = run_fit(m, name, task_list, prefills, data_map, out, seed=seed, folds=folds,
-                 controls=controls, progress=progress, probe=probe, sites=sites)  # fmt: skip
+    df = run_fit(
+        m,
+        name,
+        task_list,
+        prefills,
+        data_map,
+        out,
+        seed=seed,
+        folds=folds,
+        controls=controls,
+        progress=progress,
+        probe=probe,
+        sites=sites,
+    )
     return df, name
 
 
@@ -278,8 +383,13 @@ def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress
     the (site, prefill) pairs whose hook does not fire (e.g. fusion.* in pass 1).
     ``models``: {"trained": (model, hash), "random_init": (control, hash)}."""
     feats: dict[tuple[str, str, str, str], np.ndarray] = {}
-    jobs = [(t, p, site, v) for t in datasets for site in sites for p in prefills
-            for v in (["trained", "random_init"] if controls else ["trained"])]  # fmt: skip
+    jobs = [
+        (t, p, site, v)
+        for t in datasets
+        for site in sites
+        for p in prefills
+        for v in (["trained", "random_init"] if controls else ["trained"])
+    ]
     skipped = []
     for i, (t, p, site, v) in enumerate(jobs):
         m, h = models[v]
@@ -296,15 +406,26 @@ def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress
     return feats, skipped
 
 
-def prefetch_features(model, tasks, prefills, data=None, sites=(RESID,), controls=True,
-                      seed=0, cache_dir=DEFAULT_CACHE, progress=None) -> None:  # fmt: skip
+def prefetch_features(
+    model,
+    tasks,
+    prefills,
+    data=None,
+    sites=(RESID,),
+    controls=True,
+    seed=0,
+    cache_dir=DEFAULT_CACHE,
+    progress=None,
+) -> None:
     """Under torchrun: every rank extracts its share of the features ``run_fit`` reads and
     rank 0 writes them to the disk cache, where ``run_fit`` on rank 0 then finds them."""
     if cache_dir is None:
         raise ValueError("extraction across ranks needs the feature cache (cache_dir)")
     control = random_init_like(model, seed=seed) if controls else None
-    models = {"trained": (model, model_hash(model)),
-              "random_init": (control, model_hash(control) if control is not None else None)}  # fmt: skip
+    models = {
+        "trained": (model, model_hash(model)),
+        "random_init": (control, model_hash(control) if control is not None else None),
+    }
     datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
     extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
 
@@ -329,8 +450,14 @@ def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
 
 
 def versions() -> dict:
-    return {"fbt_probe": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "sklearn": sklearn.__version__, "numpy": np.__version__, "vocab": vocab.VOCAB_VERSION}  # fmt: skip
+    return {
+        "fbt_probe": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+        "vocab": vocab.VOCAB_VERSION,
+    }
 
 
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
@@ -343,21 +470,35 @@ def run(options, progress=None) -> Result:
     """The ``fit`` analysis (``probes.fit.FitOptions``): the protocol, then the table at the
     feedback's entry depth in the lines it reports."""
 
-    done = fit(model=options.model, task=options.task, prefill=options.prefill,
-               data=options.data, out=options.out, seed=options.seed, folds=options.folds,
-               controls=not options.no_controls, probe=options.probe,
-               sites=tuple(options.site or (RESID,)), device=options.device,
-               progress=progress)  # fmt: skip
+    done = fit(
+        model=options.model,
+        task=options.task,
+        prefill=options.prefill,
+        data=options.data,
+        out=options.out,
+        seed=options.seed,
+        folds=options.folds,
+        controls=not options.no_controls,
+        probe=options.probe,
+        sites=tuple(options.site or (RESID,)),
+        device=options.device,
+        progress=progress,
+    )
     if done is None:
         return Result()  # another rank of torchrun
     df, out = done[0], Path(options.out)
     d = entry_depth(out)
     where = "layer 0" if d == 0 else f"depth {d} (block {d}'s input, where the feedback enters)"
-    return Result({"probe_results": df}, [
-        f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
-        f"fitted probes in {out / 'probes'}", "",
-        f"{where} at the colon, pooled over distractor counts 1..256:",
-        format_layer0(layer0_table(df, d))])  # fmt: skip
+    return Result(
+        {"probe_results": df},
+        [
+            f"wrote {out / 'probe_results.csv'} ({len(df)} rows), probe_results.json and the "
+            f"fitted probes in {out / 'probes'}",
+            "",
+            f"{where} at the colon, pooled over distractor counts 1..256:",
+            format_layer0(layer0_table(df, d)),
+        ],
+    )
 
 
 def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list[str]:

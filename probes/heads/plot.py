@@ -13,17 +13,24 @@ from probes.common.figures import CMAP, save_figure, subplots
 from probes.common.tables import read_long_table, read_table
 from tasks.base import POOLED
 
-TITLES = {"prev_token": "previous token", "label": "read position -> label token",
-          "label_next": "read position -> the token after the label",
-          "induction": "induction (repeated random tokens)"}  # fmt: skip
+TITLES = {
+    "prev_token": "previous token",
+    "label": "read position -> label token",
+    "label_next": "read position -> the token after the label",
+    "induction": "induction (repeated random tokens)",
+}
 MAX_PATTERN_HEADS = 32  # a larger model's pattern shows the heads that read the label most
 
 
 def head_matrix(df: pd.DataFrame, task: str, measure: str, k: int) -> pd.DataFrame:
     """Rows: layer; columns: head; the pooled value in pass k."""
     t = task if measure != "induction" else "-"
-    g = df[(df.task == t) & (df.metric == measure) & (df["pass"] == k)
-           & df.distractors.isin([POOLED, "-"])]  # fmt: skip
+    g = df[
+        (df.task == t)
+        & (df.metric == measure)
+        & (df["pass"] == k)
+        & df.distractors.isin([POOLED, "-"])
+    ]
     return g.pivot_table(index="layer", columns="head", values="value", aggfunc="first")
 
 
@@ -54,14 +61,22 @@ def chosen_heads(pattern: pd.DataFrame, task: str) -> list[str] | None:
 def plot_heads(df: pd.DataFrame, pattern: pd.DataFrame, task: str, out: Path) -> dict:
     """``heads_<task>`` and ``heads_pattern_<task>`` in ``out``; returns what was drawn."""
     passes = sorted(set(df[df.task == task]["pass"]))
-    fig, axes = subplots(len(TITLES), len(passes), squeeze=False,
-                             figsize=(3.8 * len(passes) + 1, 11))  # fmt: skip
+    fig, axes = subplots(
+        len(TITLES), len(passes), squeeze=False, figsize=(3.8 * len(passes) + 1, 11)
+    )
     drawn = {}
     for i, measure in enumerate(TITLES):
         for j, k in enumerate(passes):
             t = drawn[(measure, k)] = head_matrix(df, task, measure, k)
-            sns.heatmap(t, ax=axes[i, j], cmap=CMAP, vmin=0, vmax=1,
-                        annot=t.shape[1] <= 8 and t.size <= 64, fmt=".2f")  # fmt: skip
+            sns.heatmap(
+                t,
+                ax=axes[i, j],
+                cmap=CMAP,
+                vmin=0,
+                vmax=1,
+                annot=t.shape[1] <= 8 and t.size <= 64,
+                fmt=".2f",
+            )
             axes[i, j].set_title(f"{TITLES[measure]}, pass {k}", fontsize=9)
     fig.suptitle(f"{task}: attention by head and pass")
     fig.tight_layout()
@@ -69,11 +84,15 @@ def plot_heads(df: pd.DataFrame, pattern: pd.DataFrame, task: str, out: Path) ->
     heads = chosen_heads(pattern, task)
     mats = [pattern_matrix(pattern, task, k, heads) for k in passes]
     rows, cols = mats[0].shape
-    fig, axes = subplots(1, len(passes), squeeze=False, sharey=True,
-                             figsize=(max(6, 0.28 * cols + 2) * len(passes), 0.22 * rows + 2.5))  # fmt: skip
+    fig, axes = subplots(
+        1,
+        len(passes),
+        squeeze=False,
+        sharey=True,
+        figsize=(max(6, 0.28 * cols + 2) * len(passes), 0.22 * rows + 2.5),
+    )
     for j, (k, t) in enumerate(zip(passes, mats, strict=True)):
-        sns.heatmap(t, ax=axes[0, j], cmap=CMAP, vmin=0, vmax=1, xticklabels=True,
-                    yticklabels=True)  # fmt: skip
+        sns.heatmap(t, ax=axes[0, j], cmap=CMAP, vmin=0, vmax=1, xticklabels=True, yticklabels=True)
         axes[0, j].set_title(f"pass {k}: attention from the read position")
         axes[0, j].set_xlabel("key position and token")
         axes[0, j].set_ylabel("layer, head")

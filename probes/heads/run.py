@@ -44,8 +44,18 @@ from tasks import vocab
 from tasks.base import POOLED
 from tasks.safe_files import check_output_dir
 
-COLUMNS = ["task", "metric", "pass", "layer", "head", "distractors", "value", "ci_low",
-           "ci_high", "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "metric",
+    "pass",
+    "layer",
+    "head",
+    "distractors",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 MEASURES = ("prev_token", "label", "label_next", "induction")
 PER_EXAMPLE = MEASURES[:3]
 MAX_PASSES, INDUCTION_SEQS, INDUCTION_HALF = 16, 64, 24
@@ -59,8 +69,9 @@ def shown_example(counts: np.ndarray) -> int:
     return int(pool[np.argmin(counts[pool])])
 
 
-def collect(model, pairs: Pairs, passes: int, show: int, batch_size: int, progress=None,
-            task: str = "") -> dict:  # fmt: skip
+def collect(
+    model, pairs: Pairs, passes: int, show: int, batch_size: int, progress=None, task: str = ""
+) -> dict:
     """(passes, layers, pairs, heads) of each ``PER_EXAMPLE`` measure, and the shown example's
     rows (passes, layers, heads, key_pos)."""
 
@@ -82,8 +93,9 @@ def collect(model, pairs: Pairs, passes: int, show: int, batch_size: int, progre
     return got
 
 
-def summarise(task: str, got: dict, pairs: Pairs, counts: np.ndarray, seed: int,
-              n_boot: int = N_BOOT) -> list[dict]:  # fmt: skip
+def summarise(
+    task: str, got: dict, pairs: Pairs, counts: np.ndarray, seed: int, n_boot: int = N_BOOT
+) -> list[dict]:
     """Rows of ``COLUMNS`` for the per-example measures, pooled and by count."""
     rows = []
     passes, L, n, H = got["label"].shape
@@ -102,9 +114,20 @@ def _rows(task, measure, cell, v: np.ndarray, boot: GroupBootstrap, shape) -> li
     mean = v.mean(0)
     out = []
     for j, (k, layer, h) in enumerate(np.ndindex(*shape)):
-        out.append({"task": task, "metric": measure, "pass": k + 1, "layer": layer, "head": h,
-                    "distractors": cell, "value": float(mean[j]), "ci_low": float(lo[j]),
-                    "ci_high": float(hi[j]), "n": len(v)})  # fmt: skip
+        out.append(
+            {
+                "task": task,
+                "metric": measure,
+                "pass": k + 1,
+                "layer": layer,
+                "head": h,
+                "distractors": cell,
+                "value": float(mean[j]),
+                "ci_low": float(lo[j]),
+                "ci_high": float(hi[j]),
+                "n": len(v),
+            }
+        )
     return out
 
 
@@ -113,13 +136,15 @@ def induction_rows(model, passes: int, seed: int, n_boot: int = N_BOOT) -> list[
     device = next(model.parameters()).device
     enc = getattr(model, "encoding", None)
     if enc is None:
-        ids = torch.tensor([i for i in range(len(vocab.TOKENS))
-                            if i not in (vocab.PAD_ID, vocab.BOS_ID)])  # fmt: skip
+        ids = torch.tensor(
+            [i for i in range(len(vocab.TOKENS)) if i not in (vocab.PAD_ID, vocab.BOS_ID)]
+        )
         bos = vocab.BOS_ID
     else:
         special = set(enc.tok.all_special_ids)
-        ids = torch.tensor([i for i in range(min(len(enc.tok), model.cfg.d_vocab))
-                            if i not in special])  # fmt: skip
+        ids = torch.tensor(
+            [i for i in range(min(len(enc.tok), model.cfg.d_vocab)) if i not in special]
+        )
         bos = enc.tok.bos_token_id
     half = min(INDUCTION_HALF, (model.cfg.n_ctx - 1) // 2)
     toks = repeated_tokens(ids, INDUCTION_SEQS, half, bos, seed).to(device)
@@ -135,15 +160,25 @@ def pattern_rows(task: str, model, pairs: Pairs, show: int, row: np.ndarray) -> 
     ids = pairs.tokens[show][: int(pairs.answer[show]) + 1]
     enc = getattr(model, "encoding", None)
     # a tokenizer's pieces as text (its byte-level symbols, such as 'Ġ' for a space, are not)
-    words = (vocab.decode(ids).split(" ") if enc is None
-             else [enc.tok.decode([int(i)]).strip() or repr(enc.tok.decode([int(i)])) for i in ids])  # fmt: skip
+    words = (
+        vocab.decode(ids).split(" ")
+        if enc is None
+        else [enc.tok.decode([int(i)]).strip() or repr(enc.tok.decode([int(i)])) for i in ids]
+    )
     passes, L, H, T = row.shape
     k, layer, h, pos = np.meshgrid(*(np.arange(x) for x in row.shape), indexing="ij")
-    return pd.DataFrame({"task": task, "pass": k.ravel() + 1, "layer": layer.ravel(),
-                         "head": h.ravel(), "position": pos.ravel(),
-                         "token": np.array(words, dtype=object)[pos.ravel()],
-                         "is_label": pos.ravel() == int(pairs.label_pos[show]),
-                         "weight": row.ravel()})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "task": task,
+            "pass": k.ravel() + 1,
+            "layer": layer.ravel(),
+            "head": h.ravel(),
+            "position": pos.ravel(),
+            "token": np.array(words, dtype=object)[pos.ravel()],
+            "is_label": pos.ravel() == int(pairs.label_pos[show]),
+            "weight": row.ravel(),
+        }
+    )
 
 
 def headline(df: pd.DataFrame, task: str) -> str:
@@ -160,14 +195,25 @@ def headline(df: pd.DataFrame, task: str) -> str:
     label = ", ".join(f"pass {k} {top('label', task, k)}" for k in passes)
     nxt = ", ".join(f"pass {k} {top('label_next', task, k)}" for k in passes)
     last = passes[-1]
-    return (f"{task}: the read position's strongest attention to the label token: {label}; "
-            f"to the token after it: {nxt}; previous-token head {top('prev_token', task, last)}; "
-            f"induction head {top('induction', '-', last)} (pass {last}).")  # fmt: skip
+    return (
+        f"{task}: the read position's strongest attention to the label token: {label}; "
+        f"to the token after it: {nxt}; previous-token head {top('prev_token', task, last)}; "
+        f"induction head {top('induction', '-', last)} (pass {last})."
+    )
 
 
-def heads(*, model: str = "default", task: str = "all", passes: int = 2,
-          data: str | Path | None = None, out: str | Path = "results/heads", seed: int = 0,
-          batch_size: int = 64, device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+def heads(
+    *,
+    model: str = "default",
+    task: str = "all",
+    passes: int = 2,
+    data: str | Path | None = None,
+    out: str | Path = "results/heads",
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str = "cpu",
+    progress=None,
+) -> tuple[pd.DataFrame, list[str]]:
     """``fbt-probe heads`` (see the module docstring); every argument is checked first."""
 
     out, t0 = Path(out), time.monotonic()
@@ -181,8 +227,7 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
     m.eval()
     if not m.n_heads:
         raise ValueError(f"{name}: its attention layout has no per-head hooks here")
-    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=True)
-                for t in task_list}  # fmt: skip
+    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=True) for t in task_list}
     check_data_work(m, datasets.values(), passes, 1, "--prefill")  # one run of every example
     rows, patterns, shown = induction_rows(m, passes, seed), [], {}
     for t, ds in datasets.items():
@@ -192,15 +237,31 @@ def heads(*, model: str = "default", task: str = "all", passes: int = 2,
         got = collect(m, pairs, passes, show, batch_size, progress, t)
         rows += summarise(t, got, pairs, counts, seed)
         patterns.append(pattern_rows(t, m, pairs, show, got["row"]))
-        shown[t] = {"row": int(pairs.rows[show]), "distractors": int(counts[show]),
-                    "pairs": len(pairs)}  # fmt: skip
-    return _write(out, pd.DataFrame(rows, columns=COLUMNS), pd.concat(patterns, ignore_index=True),
-                  {"model": name, "tasks": list(task_list), "passes": passes, "seed": seed,
-                   "shown": shown, "induction": {"sequences": INDUCTION_SEQS, "half": INDUCTION_HALF},
-                   "seconds": time.monotonic() - t0}, plot_heads)  # fmt: skip
+        shown[t] = {
+            "row": int(pairs.rows[show]),
+            "distractors": int(counts[show]),
+            "pairs": len(pairs),
+        }
+    return _write(
+        out,
+        pd.DataFrame(rows, columns=COLUMNS),
+        pd.concat(patterns, ignore_index=True),
+        {
+            "model": name,
+            "tasks": list(task_list),
+            "passes": passes,
+            "seed": seed,
+            "shown": shown,
+            "induction": {"sequences": INDUCTION_SEQS, "half": INDUCTION_HALF},
+            "seconds": time.monotonic() - t0,
+        },
+        plot_heads,
+    )
 
 
-def _write(out: Path, df: pd.DataFrame, pattern: pd.DataFrame, meta: dict, plot) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+def _write(
+    out: Path, df: pd.DataFrame, pattern: pd.DataFrame, meta: dict, plot
+) -> tuple[pd.DataFrame, list[str]]:
     out.mkdir(parents=True, exist_ok=True)
     write_table(df, out / "heads.csv")
     write_table(pattern, out / "heads_pattern.csv")
@@ -209,8 +270,10 @@ def _write(out: Path, df: pd.DataFrame, pattern: pd.DataFrame, meta: dict, plot)
     for t in meta["tasks"]:
         plot(df, pattern, t, out / "figures")
         lines.append(headline(df, t))
-    lines.append(f"wrote {out / 'heads.csv'} ({len(df)} rows), heads_pattern.csv and figures in "
-                 f"{out / 'figures'}")  # fmt: skip
+    lines.append(
+        f"wrote {out / 'heads.csv'} ({len(df)} rows), heads_pattern.csv and figures in "
+        f"{out / 'figures'}"
+    )
     return df, lines
 
 

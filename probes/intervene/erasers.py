@@ -123,9 +123,15 @@ def saved_directions(probes, task, names, targets, prefill, depth):
     """{target: (coef, classes)} from saved linear probes of this cell, or None."""
     out = {}
     for t in targets:
-        hits = [p for p in probes if p.meta.get("task") == task and p.meta.get("target") == names[t]
-                and p.meta.get("prefill") == prefill and p.meta.get("depth") == depth
-                and p.meta.get("site", "resid") == "resid"]  # fmt: skip
+        hits = [
+            p
+            for p in probes
+            if p.meta.get("task") == task
+            and p.meta.get("target") == names[t]
+            and p.meta.get("prefill") == prefill
+            and p.meta.get("depth") == depth
+            and p.meta.get("site", "resid") == "resid"
+        ]
         if len(hits) != 1 or hits[0].direction() is None:
             return None
         out[t] = (hits[0].direction(), hits[0].meta["classes"])

@@ -19,8 +19,19 @@ METRICS = ("accuracy", "flip_rate", "logit_diff")
 IV_COLUMNS = ("task", "prefill", "intervention", "metric")
 
 
-COLUMNS = ["task", "prefill", "intervention", "site", "positions", "alpha", "metric", "value",
-           "ci_low", "ci_high", "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "prefill",
+    "intervention",
+    "site",
+    "positions",
+    "alpha",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 
 
 @dataclass(frozen=True)
@@ -63,8 +74,9 @@ class Record:
 
 
 # ---- metrics --------------------------------------------------------------------------
-def summarise(rec: Record, pairs: Pairs, task: str, prefill: str, seed: int,
-              n_boot: int = N_BOOT) -> pd.DataFrame:  # fmt: skip
+def summarise(
+    rec: Record, pairs: Pairs, task: str, prefill: str, seed: int, n_boot: int = N_BOOT
+) -> pd.DataFrame:
     """One row per (intervention, metric) with its bootstrap interval over groups."""
     boot = GroupBootstrap(pairs.groups, seed, n_boot)
     (_, _, ld_clean), (_, _, ld_twin) = rec.hits[CLEAN], rec.hits[TWIN]
@@ -76,16 +88,30 @@ def summarise(rec: Record, pairs: Pairs, task: str, prefill: str, seed: int,
         for metric, full, draws in (
             ("accuracy", c.mean(), boot.mean(c)),
             ("flip_rate", f.mean(), boot.mean(f)),
-            ("logit_diff", _norm(ld.sum(), ld_clean.sum(), ld_twin.sum()),
-             _norm(boot.sums(ld), clean_sums, twin_sums)),
-        ):  # fmt: skip
+            (
+                "logit_diff",
+                _norm(ld.sum(), ld_clean.sum(), ld_twin.sum()),
+                _norm(boot.sums(ld), clean_sums, twin_sums),
+            ),
+        ):
             lo, hi = (
                 np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (np.nan,) * 2
             )
-            rows.append({"task": task, "prefill": prefill, "intervention": key.intervention,
-                         "site": key.site, "positions": key.positions, "alpha": key.alpha,
-                         "metric": metric, "value": float(full), "ci_low": float(lo),
-                         "ci_high": float(hi), "n": len(pairs)})  # fmt: skip
+            rows.append(
+                {
+                    "task": task,
+                    "prefill": prefill,
+                    "intervention": key.intervention,
+                    "site": key.site,
+                    "positions": key.positions,
+                    "alpha": key.alpha,
+                    "metric": metric,
+                    "value": float(full),
+                    "ci_low": float(lo),
+                    "ci_high": float(hi),
+                    "n": len(pairs),
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -19,8 +19,12 @@ from probes.common.tables import read_long_table
 from probes.common.twins import WINDOWS
 from probes.intervene.metrics import IV_COLUMNS
 
-DEPTH_COLUMNS = (("erase_probe", None), ("erase_random", None), ("steer_probe", 4.0),
-                 ("steer_random", 4.0))  # fmt: skip
+DEPTH_COLUMNS = (
+    ("erase_probe", None),
+    ("erase_random", None),
+    ("steer_probe", 4.0),
+    ("steer_random", 4.0),
+)
 
 
 def depth_of(site: str, sites: list[str] | None = None) -> int:
@@ -38,12 +42,18 @@ def interchange_cells(df: pd.DataFrame, task: str) -> tuple[pd.DataFrame, list, 
     """The interchange figure's rows of ``df``, each with its ``row`` (the positions patched)
     and ``col`` (the prefill, "(patch only)" where the state was patched without
     propagating), and the rows' and columns' order. The PNG and report.html draw these."""
-    g = df[(df.task == task) & (df.intervention == "interchange_state")
-           & (df.metric == "flip_rate")]  # fmt: skip
+    g = df[
+        (df.task == task) & (df.intervention == "interchange_state") & (df.metric == "flip_rate")
+    ]
     if g.empty:
         return g, [], []
-    g = g.assign(row=g.positions, col=[p if s == STATE_HOOK else f"{p} (patch only)"
-                                       for p, s in zip(g.prefill, g.site, strict=True)])  # fmt: skip
+    g = g.assign(
+        row=g.positions,
+        col=[
+            p if s == STATE_HOOK else f"{p} (patch only)"
+            for p, s in zip(g.prefill, g.site, strict=True)
+        ],
+    )
     cols = [c for p in ordered_prefills(g) for c in (p, f"{p} (patch only)") if c in set(g.col)]
     return g, [w for w in WINDOWS if w in set(g.row)], cols
 
@@ -61,8 +71,12 @@ def interchange_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
 def depth_cells(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
     """The depth figure's rows of ``df`` for one prefill, each with its ``row`` (the depth)
     and ``col`` (the intervention, with its dose for steering), in DEPTH_COLUMNS order."""
-    g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "accuracy")
-           & df.intervention.isin([n for n, _ in DEPTH_COLUMNS])]  # fmt: skip
+    g = df[
+        (df.task == task)
+        & (df.prefill == prefill)
+        & (df.metric == "accuracy")
+        & df.intervention.isin([n for n, _ in DEPTH_COLUMNS])
+    ]
     if g.empty:
         return g.assign(row=[], col=[])
     sites, parts = site_ladder(g), []
@@ -78,16 +92,21 @@ def depth_matrix(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
     h = depth_cells(df, task, prefill)
     if h.empty:
         return pd.DataFrame()
-    mat = pd.DataFrame({c: dict(zip(g.row, g.value, strict=True))
-                        for c, g in h.groupby("col", sort=False)})  # fmt: skip
+    mat = pd.DataFrame(
+        {c: dict(zip(g.row, g.value, strict=True)) for c, g in h.groupby("col", sort=False)}
+    )
     mat.index.name = "depth"
     return mat.sort_index()
 
 
 def steering_curves(df: pd.DataFrame, task: str, prefill: str) -> pd.DataFrame:
     """Rows: alpha; columns: (intervention, depth); values: flip rate."""
-    g = df[(df.task == task) & (df.prefill == prefill) & (df.metric == "flip_rate")
-           & df.intervention.isin(["steer_probe", "steer_random"])]  # fmt: skip
+    g = df[
+        (df.task == task)
+        & (df.prefill == prefill)
+        & (df.metric == "flip_rate")
+        & df.intervention.isin(["steer_probe", "steer_random"])
+    ]
     if g.empty:
         return pd.DataFrame()
     sites = site_ladder(g)
@@ -103,36 +122,63 @@ def plot_interventions(df: pd.DataFrame, out: str | Path) -> dict[str, pd.DataFr
         mat = interchange_matrix(df, task)
         if not mat.empty:
             fig, ax = subplots(figsize=(1.6 + 1.5 * mat.shape[1], 3.6))
-            sns.heatmap(mat, ax=ax, vmin=0, vmax=1, cmap=CMAP, annot=True, fmt=".2f",
-                        linewidths=0.5, cbar_kws={"label": "flip rate to the twin's label"})  # fmt: skip
+            sns.heatmap(
+                mat,
+                ax=ax,
+                vmin=0,
+                vmax=1,
+                cmap=CMAP,
+                annot=True,
+                fmt=".2f",
+                linewidths=0.5,
+                cbar_kws={"label": "flip rate to the twin's label"},
+            )
             ax.set_title(f"{task}: interchange the fed-back state with the twin's")
             ax.set_xlabel("prefill")
             ax.set_ylabel("positions patched (before the answer)")
             title = f"interchange_{task}"
             save_figure(fig, out, title)
             drawn[title] = mat
-        prefills = [p for p in ordered_prefills(df[df.task == task])
-                    if not depth_matrix(df, task, p).empty]  # fmt: skip
+        prefills = [
+            p for p in ordered_prefills(df[df.task == task]) if not depth_matrix(df, task, p).empty
+        ]
         if prefills:
-            fig, axes = subplots(1, len(prefills), figsize=(4.6 * len(prefills), 3.6),
-                                     squeeze=False)  # fmt: skip
+            fig, axes = subplots(
+                1, len(prefills), figsize=(4.6 * len(prefills), 3.6), squeeze=False
+            )
             for ax, p in zip(axes[0], prefills, strict=True):
                 mat = depth_matrix(df, task, p)
-                sns.heatmap(mat, ax=ax, vmin=0, vmax=1, cmap=CMAP, annot=True, fmt=".2f",
-                            linewidths=0.5, cbar=ax is axes[0][-1],
-                            cbar_kws={"label": "answer accuracy"})  # fmt: skip
+                sns.heatmap(
+                    mat,
+                    ax=ax,
+                    vmin=0,
+                    vmax=1,
+                    cmap=CMAP,
+                    annot=True,
+                    fmt=".2f",
+                    linewidths=0.5,
+                    cbar=ax is axes[0][-1],
+                    cbar_kws={"label": "answer accuracy"},
+                )
                 ax.set_title(f"{task}, {p} prefill")
                 ax.set_xlabel("")
                 drawn[f"depth_{task}_{p}"] = mat
             save_figure(fig, out, f"depth_{task}")
-            fig, axes = subplots(1, len(prefills), figsize=(4.6 * len(prefills), 3.4),
-                                     squeeze=False, sharey=True)  # fmt: skip
+            fig, axes = subplots(
+                1, len(prefills), figsize=(4.6 * len(prefills), 3.4), squeeze=False, sharey=True
+            )
             for ax, p in zip(axes[0], prefills, strict=True):
                 cur = steering_curves(df, task, p)
                 for (name, depth), col in cur.items():
-                    ax.plot(cur.index, col.values, color=PALETTE[depth % len(PALETTE)],
-                            ls="-" if name == "steer_probe" else ":", marker="o", ms=3,
-                            label=f"depth {depth}" if name == "steer_probe" else None)  # fmt: skip
+                    ax.plot(
+                        cur.index,
+                        col.values,
+                        color=PALETTE[depth % len(PALETTE)],
+                        ls="-" if name == "steer_probe" else ":",
+                        marker="o",
+                        ms=3,
+                        label=f"depth {depth}" if name == "steer_probe" else None,
+                    )
                 ax.set_title(f"{task}, {p} prefill")
                 ax.set_xlabel("dose α (s.d. of the probe projection; > 0 towards the twin)")
                 ax.set_ylim(-0.02, 1.02)
@@ -151,5 +197,5 @@ def figures(results: Path) -> int:
     return len(
         plot_interventions(
             read_long_table(csv, IV_COLUMNS, keep_default_na=True), csv.parent / "figures"
-        )  # fmt: skip
+        )
     )

@@ -130,15 +130,23 @@ class Context:
         skip = self.skips_layers and (self.passes is not None or bool((b.answer == b.colon).all()))
         first = min(d, len(self.hooks_by_depth) - 2) if skip else 0
         hook = self.hooks_by_depth[d]
-        return Spec(name, hook, "colon", int(b.colon.min()), [(hook, replace_where(colon, fn))],
-                    from_layer=first, alpha=alpha)  # fmt: skip
+        return Spec(
+            name,
+            hook,
+            "colon",
+            int(b.colon.min()),
+            [(hook, replace_where(colon, fn))],
+            from_layer=first,
+            alpha=alpha,
+        )
 
     def at_depth(self, d: int) -> DepthTools:
         """The erasers and directions of this batch's examples at depth ``d``."""
         idx = torch.as_tensor(self.b.idx)
         tl = self.tools[d]
-        return DepthTools(*(getattr(tl, f)[idx].to(self.b.answer.device)
-                            for f in DepthTools.__dataclass_fields__))  # fmt: skip
+        return DepthTools(
+            *(getattr(tl, f)[idx].to(self.b.answer.device) for f in DepthTools.__dataclass_fields__)
+        )
 
 
 # ---- the kinds ----------------------------------------------------------------------------
@@ -247,8 +255,9 @@ class Intervention:
 REGISTRY: Registry = Registry("intervention")
 
 
-def register_intervention(name: str, fn: Callable, directions: bool = False, *,
-                          replace: bool = False) -> Callable:  # fmt: skip
+def register_intervention(
+    name: str, fn: Callable, directions: bool = False, *, replace: bool = False
+) -> Callable:
     """Add an intervention kind (``fn(ctx, where) -> list[Spec]``) under ``name``;
     ``directions``: it reads ``ctx.tools`` (erasers and probe directions by depth). A name
     already registered is refused unless ``replace``. Returns ``fn``."""
@@ -284,8 +293,9 @@ def locations(ctx: Context) -> list[Location]:
     """Every place of one batch, in the order the table lists them."""
     out = [Location("check")]
     if ctx.feedback:
-        out += [Location("window", w) for w in WINDOWS
-                if first_true(window_mask(w, ctx.b)) is not None]  # fmt: skip
+        out += [
+            Location("window", w) for w in WINDOWS if first_true(window_mask(w, ctx.b)) is not None
+        ]
     out.append(Location("token"))
     if ctx.tools is not None:
         for d in sorted(ctx.tools):

@@ -39,8 +39,12 @@ def headline(df: pd.DataFrame, task: str, prefill: str, clean_accuracy: float | 
     if tok is None:
         return ""
     fmt = lambda r: f"{r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"  # noqa: E731
-    acc = df[(df.task == task) & (df.prefill == prefill) & (df.intervention == "self")
-             & (df.metric == "accuracy")]  # fmt: skip
+    acc = df[
+        (df.task == task)
+        & (df.prefill == prefill)
+        & (df.intervention == "self")
+        & (df.metric == "accuracy")
+    ]
     clean = acc.iloc[0].value if len(acc) else clean_accuracy
     if clean is not None and clean < MIN_CLEAN_ACCURACY:
         return (
@@ -82,8 +86,12 @@ def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
         line = headline(iv, task, prefill)
         if line:
             lines += [f"- {line}"]
-    lines += ["", "| task | prefill | depth | probe accuracy (fit) | answer accuracy after LEACE "
-              "[95 % CI] | after a random subspace | flip rate after LEACE |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| task | prefill | depth | probe accuracy (fit) | answer accuracy after LEACE "
+        "[95 % CI] | after a random subspace | flip rate after LEACE |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (task, prefill), g in iv.groupby(["task", "prefill"], sort=False):
         er = g[g.intervention.isin(["erase_probe", "erase_random"])]
         if er.empty:
@@ -98,9 +106,14 @@ def decodable_vs_used(df: pd.DataFrame, iv: pd.DataFrame) -> str:
                     (er.intervention == name) & (er.site == site) & (er.metric == metric)
                 ].iloc[0]
 
-            probe = df[(df.task == task) & (df.prefill == prefill) & (df.depth == d)
-                       & (df.model == "trained") & (df.distractors == POOLED)
-                       & (df.overwrites == "all")].accuracy  # fmt: skip
+            probe = df[
+                (df.task == task)
+                & (df.prefill == prefill)
+                & (df.depth == d)
+                & (df.model == "trained")
+                & (df.distractors == POOLED)
+                & (df.overwrites == "all")
+            ].accuracy
             e, r, f = (
                 pick("erase_probe", "accuracy"),
                 pick("erase_random", "accuracy"),
@@ -120,8 +133,16 @@ def interchange(iv: pd.DataFrame, task: str) -> list[str]:
     g, rows, cols = interchange_cells(iv, task)
     if g.empty:
         return []
-    return [rows_grid(g, rows, cols, f"{task}: interchange the fed-back state with the twin's (flip rate)",
-                       lambda w, c: f"{task}, {c}, positions {w}", "flip rate")]  # fmt: skip
+    return [
+        rows_grid(
+            g,
+            rows,
+            cols,
+            f"{task}: interchange the fed-back state with the twin's (flip rate)",
+            lambda w, c: f"{task}, {c}, positions {w}",
+            "flip rate",
+        )
+    ]
 
 
 def depth(iv: pd.DataFrame, task: str) -> list[str]:
@@ -131,9 +152,16 @@ def depth(iv: pd.DataFrame, task: str) -> list[str]:
         h = depth_cells(iv, task, p)
         if h.empty:
             continue
-        out.append(rows_grid(h, sorted(set(h.row)), list(dict.fromkeys(h.col)),
-                              f"{task}, {p} prefill: answer accuracy by depth",
-                              lambda d, c, p=p: f"{task}, {p} prefill, {c} at depth {d}", "accuracy"))  # fmt: skip
+        out.append(
+            rows_grid(
+                h,
+                sorted(set(h.row)),
+                list(dict.fromkeys(h.col)),
+                f"{task}, {p} prefill: answer accuracy by depth",
+                lambda d, c, p=p: f"{task}, {p} prefill, {c} at depth {d}",
+                "accuracy",
+            )
+        )
     return out
 
 
@@ -165,8 +193,11 @@ def section(results: Path) -> list:
         "",
     ]
     # the heatmaps of probes.intervene.plot, by its figures' stems, drawn here from the same cells
-    heat = {f"{kind}_{t}": (draw, t) for t in set(iv.task)
-            for kind, draw in (("interchange", interchange), ("depth", depth))}  # fmt: skip
+    heat = {
+        f"{kind}_{t}": (draw, t)
+        for t in set(iv.task)
+        for kind, draw in (("interchange", interchange), ("depth", depth))
+    }
     for png in sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []:
         draw, task = heat.get(png.stem, (None, None))
         parts.append(Figure(png, tuple(draw(iv, task)) if draw else ()))

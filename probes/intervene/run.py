@@ -80,8 +80,16 @@ def run_pair(model, b: PairBatch, pf: Prefill, keep_cache: bool = True) -> None:
     b.twin = clean_run(model, b.twin_tokens, pf, keep_cache=False)
 
 
-def clean_and_twin_runs(model, bs: list[PairBatch], pf: Prefill, rec: Record, pairs: Pairs,
-                        progress=None, label: str = "", keep: bool = True):  # fmt: skip
+def clean_and_twin_runs(
+    model,
+    bs: list[PairBatch],
+    pf: Prefill,
+    rec: Record,
+    pairs: Pairs,
+    progress=None,
+    label: str = "",
+    keep: bool = True,
+):
     """Run every batch and its twins once, recording their answers; ``keep`` keeps the runs
     on the batches, else only the fed-back states. Returns the mean fed-back state over the
     dataset (zero under standard prefill) and every batch's fed-back states (None each under
@@ -117,21 +125,33 @@ def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
         return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
     if spec.strip() == "all":
         return tuple(range(n_depths))
-    usage = (f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, "
-             "comma-separated")  # fmt: skip
+    usage = f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, comma-separated"
     picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)], usage))
     if not picked or not all(0 <= d < n_depths for d in picked):
         raise ValueError(usage)
     return tuple(picked)
 
 
-def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, folds: int,
-              cache_dir, progress=None, label: str = "",
-              depths: tuple[int, ...] | None = None) -> tuple[dict, str]:  # fmt: skip
+def fit_tools(
+    model,
+    ds: Dataset,
+    pf: Prefill,
+    pairs: Pairs,
+    probes,
+    seed: int,
+    folds: int,
+    cache_dir,
+    progress=None,
+    label: str = "",
+    depths: tuple[int, ...] | None = None,
+) -> tuple[dict, str]:
     """Erasers and directions at ``depths`` of the colon (default: every depth),
     cross-fitted over grouped folds, and what the directions came from."""
-    report = None if progress is None else (
-        lambda i, n, _: progress(i, n, f"{label}: features for the erasers"))  # fmt: skip
+    report = (
+        None
+        if progress is None
+        else (lambda i, n, _: progress(i, n, f"{label}: features for the erasers"))
+    )
     feats, _ = extract_cached(model, ds, pf, cache_dir, progress=report)
     feats = feats[pairs.rows]
     names = target_names(ds.task, ds.meta.get("params"))
@@ -145,9 +165,11 @@ def fit_tools(model, ds: Dataset, pf: Prefill, pairs: Pairs, probes, seed: int, 
         if probes is not None:
             saved = saved_directions(probes, ds.task, names, targets, pf.name, d)
             if saved is None:  # never fitted here behind the user's back
-                raise ValueError(f"the saved probes hold no linear probe of every target of "
-                                 f"{ds.task} ({', '.join(names[t] for t in targets)}) under "
-                                 f"{pf.name} at depth {d}")  # fmt: skip
+                raise ValueError(
+                    f"the saved probes hold no linear probe of every target of "
+                    f"{ds.task} ({', '.join(names[t] for t in targets)}) under "
+                    f"{pf.name} at depth {d}"
+                )
         directions = "saved probes" if saved is not None else f"logistic (C={DIRECTION_C}) per fold"
         tools[d] = depth_tools(feats[:, d], pairs, classes, held, saved, seed, d)
         if progress is not None:
@@ -172,8 +194,21 @@ def aligned_if_fed(pairs: Pairs, pf: Prefill, task: str) -> Pairs:
     return pairs.subset(keep)
 
 
-def patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state, donated, tools,
-                 hooks_by_depth, progress, label) -> tuple[int, dict]:  # fmt: skip
+def patched_runs(
+    model,
+    bs,
+    pairs,
+    pf,
+    rec,
+    kinds,
+    keep,
+    mean_state,
+    donated,
+    tools,
+    hooks_by_depth,
+    progress,
+    label,
+) -> tuple[int, dict]:
     """Every batch's patched runs, into ``rec``; where the clean and twin runs were not kept,
     each batch's are done again first. Returns the number of runs and seconds by kind."""
     fed, answers, donor = donated
@@ -227,8 +262,9 @@ def run_battery(
             f"{ds.task}: {n_groups} groups have twins, too few for {folds} grouped folds (the "
             "erasers and directions are cross-fitted); generate more groups"
         )
-    bs = batches(pairs, batch_size, next(model.parameters()).device,
-                 max_tokens=max_batch_tokens(model))  # fmt: skip
+    bs = batches(
+        pairs, batch_size, next(model.parameters()).device, max_tokens=max_batch_tokens(model)
+    )
     rec, label = Record(len(pairs)), f"{ds.task} {pf.name}"
     keep = sum(b.tokens.numel() for b in bs) * kept_bytes_per_token(model) <= KEEP_BYTES
     mean_state, fed = clean_and_twin_runs(model, bs, pf, rec, pairs, progress, label, keep)
@@ -239,18 +275,42 @@ def run_battery(
     hooks_by_depth = depth_hooks(model)
     at = pick_depths(depths, len(hooks_by_depth))
     if directed:
-        tools, directions = fit_tools(model, ds, pf, pairs, probes, seed, folds, cache_dir,
-                                      progress, label, at)  # fmt: skip
+        tools, directions = fit_tools(
+            model, ds, pf, pairs, probes, seed, folds, cache_dir, progress, label, at
+        )
     t_tools = time.monotonic() - t0 - t_clean
-    n_runs, by_kind = patched_runs(model, bs, pairs, pf, rec, kinds, keep, mean_state,
-                                   (fed, answers, donor), tools, hooks_by_depth,
-                                   progress, label)  # fmt: skip
-    seconds = {"clean_and_twin": t_clean, "erasers": t_tools,
-               "patched": time.monotonic() - t0 - t_clean - t_tools, "by_intervention": by_kind}  # fmt: skip
-    info = {"prefill": pf.name, "n_pairs": len(pairs), "n_batches": len(bs),
-            "n_shifted": int((pairs.shift != 0).sum()), "runs_kept": keep,
-            "depths": list(at) if directed else [],
-            "patched_runs": n_runs, "directions": directions, "seconds": seconds}  # fmt: skip
+    n_runs, by_kind = patched_runs(
+        model,
+        bs,
+        pairs,
+        pf,
+        rec,
+        kinds,
+        keep,
+        mean_state,
+        (fed, answers, donor),
+        tools,
+        hooks_by_depth,
+        progress,
+        label,
+    )
+    seconds = {
+        "clean_and_twin": t_clean,
+        "erasers": t_tools,
+        "patched": time.monotonic() - t0 - t_clean - t_tools,
+        "by_intervention": by_kind,
+    }
+    info = {
+        "prefill": pf.name,
+        "n_pairs": len(pairs),
+        "n_batches": len(bs),
+        "n_shifted": int((pairs.shift != 0).sum()),
+        "runs_kept": keep,
+        "depths": list(at) if directed else [],
+        "patched_runs": n_runs,
+        "directions": directions,
+        "seconds": seconds,
+    }
     return rec, pairs, info
 
 
@@ -285,37 +345,78 @@ def run_intervene(
         if not probes:
             raise ValueError(f"the probes in {probes_dir} were fitted on another model")
     frames, meta_runs = [], []
-    loaded = {t: load_or_generate(t, (data or {}).get(t), model, twins=True)
-              for t in dict.fromkeys(t for t, _ in plan)}  # fmt: skip
+    loaded = {
+        t: load_or_generate(t, (data or {}).get(t), model, twins=True)
+        for t in dict.fromkeys(t for t, _ in plan)
+    }
     # per (task, prefill): the clean and twin runs, and at least one patched run per kind
     for task, prefill in plan:
-        check_data_work(model, [loaded[task]], prefill_passes(parse_prefill(prefill)),
-                        2 + len(kinds), "--prefill, -i")  # fmt: skip
+        check_data_work(
+            model,
+            [loaded[task]],
+            prefill_passes(parse_prefill(prefill)),
+            2 + len(kinds),
+            "--prefill, -i",
+        )
     for task, prefill in plan:
         ds = loaded[task]
-        rec, pairs, info = run_battery(model, ds, prefill, seed=seed, batch_size=batch_size,
-                                       cache_dir=cache_dir, probes=probes, progress=progress,
-                                       kinds=kinds, depths=depths)  # fmt: skip
+        rec, pairs, info = run_battery(
+            model,
+            ds,
+            prefill,
+            seed=seed,
+            batch_size=batch_size,
+            cache_dir=cache_dir,
+            probes=probes,
+            progress=progress,
+            kinds=kinds,
+            depths=depths,
+        )
         frames.append(summarise(rec, pairs, task, prefill, seed))
-        meta_runs.append({"task": task, "dataset_hash": ds.content_hash,
-                          "twins_hash": ds.meta.get("twins", {}).get("hash"),
-                          **info, **reference(rec, pairs)})  # fmt: skip
+        meta_runs.append(
+            {
+                "task": task,
+                "dataset_hash": ds.content_hash,
+                "twins_hash": ds.meta.get("twins", {}).get("hash"),
+                **info,
+                **reference(rec, pairs),
+            }
+        )
     df = pd.concat(frames, ignore_index=True)
-    meta = {"model": model_name, "model_hash": mhash, "seed": seed, "bootstrap": N_BOOT,
-            "interventions": list(kinds),
-            "alphas": list(ALPHAS), "windows": list(WINDOWS), "runs": meta_runs,
-            "probes": str(probes_dir) if probes is not None else None, "versions": versions()}  # fmt: skip
+    meta = {
+        "model": model_name,
+        "model_hash": mhash,
+        "seed": seed,
+        "bootstrap": N_BOOT,
+        "interventions": list(kinds),
+        "alphas": list(ALPHAS),
+        "windows": list(WINDOWS),
+        "runs": meta_runs,
+        "probes": str(probes_dir) if probes is not None else None,
+        "versions": versions(),
+    }
     out.mkdir(parents=True, exist_ok=True)
     write_table(df, out / "interventions.csv")
     write_json(meta, out / "interventions.json", indent=2)
     return df
 
 
-def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "default",
-              data: str | Path | None = None, out: str | Path = "results/interventions",
-              probes_dir: str | Path | None = None, seed: int = 0, random_init: bool = False,
-              batch_size: int = 128, device: str = "cpu", kinds: str | None = None,
-              depths: str | None = None, progress: Callable | None = None):  # fmt: skip
+def intervene(
+    *,
+    task: str = "all",
+    prefill: str = "recurrent",
+    model: str = "default",
+    data: str | Path | None = None,
+    out: str | Path = "results/interventions",
+    probes_dir: str | Path | None = None,
+    seed: int = 0,
+    random_init: bool = False,
+    batch_size: int = 128,
+    device: str = "cpu",
+    kinds: str | None = None,
+    depths: str | None = None,
+    progress: Callable | None = None,
+):
     """``fbt-probe intervene``: the battery (``kinds``: comma-separated names, default all)
     on each task x prefill, checked before any work; writes ``interventions.csv`` and
     ``.json`` and the figures. Under torchrun the ranks share the probe features'
@@ -334,15 +435,23 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
         raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
     if probes_dir is not None:
         if not any(REGISTRY[k].directions for k in names):
-            raise ValueError(f"--probes: none of the interventions ({', '.join(names)}) reads a "
-                             "probe direction (erase_probe, steer_probe do)")  # fmt: skip
+            raise ValueError(
+                f"--probes: none of the interventions ({', '.join(names)}) reads a "
+                "probe direction (erase_probe, steer_probe do)"
+            )
         saved = load_probes(probes_dir)  # a missing or unreadable folder fails now
     dev, world = place(device)
     m, name = resolve_model(model, dev)
     used = pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
     if probes_dir is not None:  # the probes must be the ones this battery reads, or it refuses
-        check_use(saved, probes_dir, model_hash(m), [(t, p.name) for t in task_list
-                                                     for p in prefills], used, m.cfg.d_model)  # fmt: skip
+        check_use(
+            saved,
+            probes_dir,
+            model_hash(m),
+            [(t, p.name) for t in task_list for p in prefills],
+            used,
+            m.cfg.d_model,
+        )
     if random_init:
         m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction
@@ -354,9 +463,19 @@ def intervene(*, task: str = "all", prefill: str = "recurrent", model: str = "de
         if not world.main:
             return None  # rank 0 runs the battery, finding the features in the cache
     plan = [(t, p.name) for t in task_list for p in prefills]
-    df = run_intervene(m, name, plan, out, data=data_map, probes_dir=probes_dir, seed=seed,
-                       batch_size=batch_size, progress=progress, kinds=names,
-                       depths=depths)  # fmt: skip
+    df = run_intervene(
+        m,
+        name,
+        plan,
+        out,
+        data=data_map,
+        probes_dir=probes_dir,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        kinds=names,
+        depths=depths,
+    )
     plot_interventions(df, Path(out) / "figures")
     return df, plan
 
@@ -368,8 +487,9 @@ BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
 
 def run(options, progress=None) -> Result:
     """The ``intervene`` analysis (``probes.intervene.InterveneOptions``)."""
-    done = intervene(**as_kwargs(options, probes="probes_dir", intervention="kinds"),
-                     progress=progress)  # fmt: skip
+    done = intervene(
+        **as_kwargs(options, probes="probes_dir", intervention="kinds"), progress=progress
+    )
     if done is None:
         return Result()  # another rank of torchrun
     df, plan = done

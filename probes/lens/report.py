@@ -53,9 +53,18 @@ def lens(ld: pd.DataFrame, task: str) -> list[str]:
             lo, hi = (0.0, 1.0) if metric == "answer_prob" else (-logs.max(), -logs.min())
             cols = [READ_NAMES.get(r, r) for r in reads]
             by_col = dict(zip(cols, reads, strict=True))
-            out.append(heatmap(f"{task}: {name} lens, {label}", passes, cols,
-                               lambda k, c, cell=cell, by_col=by_col: cell(k, by_col[c]), lo=lo, hi=hi,
-                               row_name="pass", col_name="read"))  # fmt: skip
+            out.append(
+                heatmap(
+                    f"{task}: {name} lens, {label}",
+                    passes,
+                    cols,
+                    lambda k, c, cell=cell, by_col=by_col: cell(k, by_col[c]),
+                    lo=lo,
+                    hi=hi,
+                    row_name="pass",
+                    col_name="read",
+                )
+            )
     return out
 
 
@@ -65,8 +74,11 @@ def section(results: Path) -> list:
     folder = results / "lens"
     if not (folder / "lens.csv").exists():
         return []
-    ld = read_long_table(folder / "lens.csv", ("task", "lens", "read", "pass", "metric"),
-                         dtype={"read": str, "distractors": str})  # fmt: skip
+    ld = read_long_table(
+        folder / "lens.csv",
+        ("task", "lens", "read", "pass", "metric"),
+        dtype={"read": str, "distractors": str},
+    )
     parts: list = findings("What each (pass, depth) predicts (`fbt-probe lens`)", ld, headline)
     pngs = {t: folder / "figures" / f"lens_{t}.png" for t in dict.fromkeys(ld.task)}
     return parts + [Figure(png, tuple(lens(ld, t))) for t, png in pngs.items() if png.is_file()]

@@ -39,8 +39,18 @@ from tasks.base import POOLED
 from tasks.dataset import Dataset
 from tasks.safe_files import check_output_dir
 
-COLUMNS = ["task", "lens", "read", "pass", "distractors", "metric", "value", "ci_low", "ci_high",
-           "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "lens",
+    "read",
+    "pass",
+    "distractors",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 MAX_PASSES = 16
 
 
@@ -75,8 +85,14 @@ def prompts(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.
     return padded([ds.token_ids[i][: lengths[i]] for i in idx]).to(device)
 
 
-def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, meta: dict,
-                    batch_size: int, progress=None) -> Translators:  # fmt: skip
+def fit_translators(
+    model,
+    sets: list[tuple[Dataset, np.ndarray]],
+    passes: int,
+    meta: dict,
+    batch_size: int,
+    progress=None,
+) -> Translators:
     """Ridge translators from the prompts ``sets`` names ((dataset, example indices)); every
     prompt position but the first (a model's first position is its own kind of state)."""
     device = next(model.parameters()).device
@@ -96,8 +112,16 @@ def fit_translators(model, sets: list[tuple[Dataset, np.ndarray]], passes: int, 
     return stats.solve(meta)
 
 
-def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.ndarray], passes: int,
-            tuned: Translators | None, batch_size: int, progress=None) -> dict[str, LensReads]:  # fmt: skip
+def measure(
+    model,
+    ds: Dataset,
+    idx: np.ndarray,
+    where: tuple[np.ndarray, np.ndarray],
+    passes: int,
+    tuned: Translators | None,
+    batch_size: int,
+    progress=None,
+) -> dict[str, LensReads]:
     """Every read of the examples ``idx`` at ``where`` (positions and answer ids, one each per
     example of ``ds``)."""
     device = next(model.parameters()).device
@@ -118,13 +142,19 @@ def measure(model, ds: Dataset, idx: np.ndarray, where: tuple[np.ndarray, np.nda
         name: LensReads(
             rs[0].reads,
             *(np.concatenate([getattr(r, f) for r in rs])[back] for f in ("kl", "prob", "rank")),
-        )  # fmt: skip
+        )
         for name, rs in parts.items()
     }
 
 
-def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts: np.ndarray,
-              seed: int, n_boot: int = N_BOOT) -> list[dict]:  # fmt: skip
+def summarise(
+    task: str,
+    reads: dict[str, LensReads],
+    groups: np.ndarray,
+    counts: np.ndarray,
+    seed: int,
+    n_boot: int = N_BOOT,
+) -> list[dict]:
     """Rows of ``COLUMNS``: per lens, read, pass and distractor count (each, and all pooled),
     the mean KL, answer probability and top-1 rate with group-bootstrap intervals, and the
     median rank."""
@@ -140,15 +170,38 @@ def summarise(task: str, reads: dict[str, LensReads], groups: np.ndarray, counts
                     kl, prob, rank = r.kl[mask, k, j], r.prob[mask, k, j], r.rank[mask, k, j]
                     if np.isnan(kl).all():
                         continue  # the fed-back state in pass 1
-                    base = {"task": task, "lens": name, "read": read, "pass": k + 1,
-                            "distractors": label, "n": int(mask.sum())}  # fmt: skip
-                    for metric, v in (("kl", kl), ("answer_prob", prob),
-                                      ("answer_top1", (rank == 0).astype(float))):  # fmt: skip
+                    base = {
+                        "task": task,
+                        "lens": name,
+                        "read": read,
+                        "pass": k + 1,
+                        "distractors": label,
+                        "n": int(mask.sum()),
+                    }
+                    for metric, v in (
+                        ("kl", kl),
+                        ("answer_prob", prob),
+                        ("answer_top1", (rank == 0).astype(float)),
+                    ):
                         lo, hi = np.percentile(boot.mean(v), [2.5, 97.5])
-                        rows.append({**base, "metric": metric, "value": float(v.mean()),
-                                     "ci_low": float(lo), "ci_high": float(hi)})  # fmt: skip
-                    rows.append({**base, "metric": "answer_rank", "value": float(np.median(rank)),
-                                 "ci_low": np.nan, "ci_high": np.nan})  # fmt: skip
+                        rows.append(
+                            {
+                                **base,
+                                "metric": metric,
+                                "value": float(v.mean()),
+                                "ci_low": float(lo),
+                                "ci_high": float(hi),
+                            }
+                        )
+                    rows.append(
+                        {
+                            **base,
+                            "metric": "answer_rank",
+                            "value": float(np.median(rank)),
+                            "ci_low": np.nan,
+                            "ci_high": np.nan,
+                        }
+                    )
     return rows
 
 
@@ -179,11 +232,19 @@ def headline(df: pd.DataFrame, task: str) -> str:
 
 
 def _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size, progress):
-    meta = {"model": name, "model_hash": mhash, "passes": passes, "seed": seed,
-            "fitted_on": {t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
-                          for t, ds in datasets.items()}}  # fmt: skip
-    return fit_translators(m, [(ds, split[t][0]) for t, ds in datasets.items()], passes, meta,
-                           batch_size, progress)  # fmt: skip
+    meta = {
+        "model": name,
+        "model_hash": mhash,
+        "passes": passes,
+        "seed": seed,
+        "fitted_on": {
+            t: {"dataset_hash": ds.content_hash, "n_examples": len(split[t][0])}
+            for t, ds in datasets.items()
+        },
+    }
+    return fit_translators(
+        m, [(ds, split[t][0]) for t, ds in datasets.items()], passes, meta, batch_size, progress
+    )
 
 
 def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -> None:
@@ -206,14 +267,27 @@ def check_position(position: str, tasks) -> None:
     for t in tasks if isinstance(where, str) else ():
         declared = sorted(getattr(get_task(t), "POSITIONS", {}))
         if where not in declared:
-            raise ValueError(f"--position {position!r}: task {t} declares no such position "
-                             f"(it declares {', '.join(declared) or 'none'})")  # fmt: skip
+            raise ValueError(
+                f"--position {position!r}: task {t} declares no such position "
+                f"(it declares {', '.join(declared) or 'none'})"
+            )
 
 
-def lens(*, model: str = "default", task: str = "all", passes: int = 3, position: str = "answer",
-         data: str | Path | None = None, out: str | Path = "results/lens", tuned: bool = True,
-         tuned_lens: str | Path | None = None, seed: int = 0, batch_size: int = 64,
-         device: str = "cpu", progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+def lens(
+    *,
+    model: str = "default",
+    task: str = "all",
+    passes: int = 3,
+    position: str = "answer",
+    data: str | Path | None = None,
+    out: str | Path = "results/lens",
+    tuned: bool = True,
+    tuned_lens: str | Path | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str = "cpu",
+    progress=None,
+) -> tuple[pd.DataFrame, list[str]]:
     """``fbt-probe lens`` (see the module docstring); returns the table and the report's
     lines. Every argument is checked before any work."""
 
@@ -235,29 +309,43 @@ def lens(*, model: str = "default", task: str = "all", passes: int = 3, position
     check_data_work(m, datasets.values(), passes, 1 + (tuned and loaded is None), "--prefill")
     where = {t: answer_positions(ds, m, position) for t, ds in datasets.items()}
     fitting = tuned and loaded is None
-    split = {t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
-             for t, ds in datasets.items()}  # fmt: skip
+    split = {
+        t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
+        for t, ds in datasets.items()
+    }
     translators = loaded if tuned else None
     if fitting:
-        translators = _fit_on_halves(m, name, mhash, datasets, split, passes, seed, batch_size,
-                                     progress)  # fmt: skip
+        translators = _fit_on_halves(
+            m, name, mhash, datasets, split, passes, seed, batch_size, progress
+        )
     rows, lines = [], []
     for t, ds in datasets.items():
         idx = split[t][1]
-        reads = measure(m, ds, idx, where[t], passes, translators if tuned else None,
-                        batch_size, progress)  # fmt: skip
+        reads = measure(
+            m, ds, idx, where[t], passes, translators if tuned else None, batch_size, progress
+        )
         rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], seed)
     df = pd.DataFrame(rows, columns=COLUMNS)
-    doc = {"model": name, "model_hash": mhash, "passes": passes, "position": position,
-           "seed": seed, "tuned_lens": None if translators is None else translators.meta,
-           "datasets": {t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
-                        for t, ds in datasets.items()}}  # fmt: skip
+    doc = {
+        "model": name,
+        "model_hash": mhash,
+        "passes": passes,
+        "position": position,
+        "seed": seed,
+        "tuned_lens": None if translators is None else translators.meta,
+        "datasets": {
+            t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
+            for t, ds in datasets.items()
+        },
+    }
     _write(out, df, doc, translators if fitting else None)
     for t in datasets:
         plot_lens(df, t, out / "figures")
         lines.append(headline(df, t))
-    lines.append(f"wrote {out / 'lens.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
-                 + (f"; the tuned lens in {out / 'tuned_lens'}" if fitting else ""))  # fmt: skip
+    lines.append(
+        f"wrote {out / 'lens.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
+        + (f"; the tuned lens in {out / 'tuned_lens'}" if fitting else "")
+    )
     return df, lines
 
 

@@ -37,8 +37,10 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
             if "state" in set(g.kind)
             else next(iter(k for k in g.kind if k != "none"), None)
         )
-        for col, (metric, title) in enumerate((("diverged_by", "diverged by step t"),
-                                               ("logit_diff", "normalised logit difference")), 1):  # fmt: skip
+        for col, (metric, title) in enumerate(
+            (("diverged_by", "diverged by step t"), ("logit_diff", "normalised logit difference")),
+            1,
+        ):
             ax = axes[i][col]
             c = g[(g.kind == swap) & (g.metric == metric)]
             for j, (s, h) in enumerate(c.groupby("step")):

@@ -87,21 +87,32 @@ def pair_measures(r, kind: str, s: int) -> dict:
     ok = (clean != twin) & ((lc - lt).abs() > 1e-6)
     norm = torch.where(ok, (lp - lt) / torch.where(ok, lc - lt, torch.ones_like(lc)), torch.nan)
     norm[:, :s] = torch.nan
-    return {"informative": (clean[:, rest] != twin[:, rest]).any(1).numpy(),
-            "example": same_c.numpy(), "twin": same_t.numpy() & ~same_c.numpy(),
-            "first": first.numpy(), "logit_diff": norm.numpy()}  # fmt: skip
+    return {
+        "informative": (clean[:, rest] != twin[:, rest]).any(1).numpy(),
+        "example": same_c.numpy(),
+        "twin": same_t.numpy() & ~same_c.numpy(),
+        "first": first.numpy(),
+        "logit_diff": norm.numpy(),
+    }
 
 
-def battery(model, ds: Dataset, rows: np.ndarray, mode: str, kinds, n_steps: int, batch_size: int,
-            tick=None) -> tuple[dict, np.ndarray, np.ndarray]:  # fmt: skip
+def battery(
+    model, ds: Dataset, rows: np.ndarray, mode: str, kinds, n_steps: int, batch_size: int, tick=None
+) -> tuple[dict, np.ndarray, np.ndarray]:
     """Every pair of ``rows`` through ``closed_loop``: {(kind, s): measures over the rows, in
     order}, and the example's and the twin's own generations (n, steps)."""
     device = next(model.parameters()).device
     parts: dict = {}
     clean, twin, order = [], [], []
     for idx in by_length(ds, rows, batch_size):
-        r = closed_loop(model, prompts(ds, idx, device), prompts(ds, idx, device, twin=True), mode,
-                        n_steps, kinds)  # fmt: skip
+        r = closed_loop(
+            model,
+            prompts(ds, idx, device),
+            prompts(ds, idx, device, twin=True),
+            mode,
+            n_steps,
+            kinds,
+        )
         for kind in kinds:
             for s in r.steps:
                 parts.setdefault((kind, s), []).append(pair_measures(r, kind, s))
@@ -126,8 +137,12 @@ def measure_rows(m: dict, s: int, n_steps: int, groups: np.ndarray, seed: int) -
         rows.append({"metric": f"follows_{f}", **_ci(np.where(info, v, np.nan), groups, seed)})
     div = m["first"] >= 0
     rows.append({"metric": "diverged", **_ci(div.astype(float), groups, seed)})
-    rows.append({"metric": "divergence_step",
-                 **_ci(np.where(div, m["first"], np.nan).astype(float), groups, seed)})  # fmt: skip
+    rows.append(
+        {
+            "metric": "divergence_step",
+            **_ci(np.where(div, m["first"], np.nan).astype(float), groups, seed),
+        }
+    )
     for t in range(s, n_steps):
         by_t = (div & (m["first"] <= t)).astype(float)
         rows.append({"metric": "diverged_by", "later_step": t, **_ci(by_t, groups, seed)})
@@ -163,8 +178,18 @@ def task_rows(model, ds: Dataset, modes, kinds, opts, tick) -> list[dict]:
         measures, clean, twin = battery(
             model, ds, rows, mode, kinds, n_steps, opts.batch_size, tick
         )
-        found = [{"kind": "none", "metric": "clean_accuracy", **_ci((clean == want).all(1), groups, opts.seed)},
-                 {"kind": "none", "metric": "twin_accuracy", **_ci((twin == want_twin).all(1), groups, opts.seed)}]  # fmt: skip
+        found = [
+            {
+                "kind": "none",
+                "metric": "clean_accuracy",
+                **_ci((clean == want).all(1), groups, opts.seed),
+            },
+            {
+                "kind": "none",
+                "metric": "twin_accuracy",
+                **_ci((twin == want_twin).all(1), groups, opts.seed),
+            },
+        ]
         for (kind, s), m in measures.items():
             found += [
                 {"kind": kind, "step": s, **r}
@@ -196,8 +221,10 @@ def run(opts, progress=None) -> Result:
     )
     model, name = resolve_model(opts.model, resolve_device(opts.device))
     require_words(model)
-    datasets = [load_or_generate(t, opts.data if len(task_list) == 1 else None, model, twins=True)
-                for t in task_list]  # fmt: skip
+    datasets = [
+        load_or_generate(t, opts.data if len(task_list) == 1 else None, model, twins=True)
+        for t in task_list
+    ]
     check_data_work(model, datasets, 2, len(modes), "--modes, --task")
     total, done = sum(len(pair_rows(ds)) for ds in datasets) * len(modes), [0]
 
@@ -211,9 +238,17 @@ def run(opts, progress=None) -> Result:
     df["step"] = df["step"].fillna(-1).astype(int)
     df["later_step"] = df["later_step"].fillna(-1).astype(int)
     write_table(df, opts.out / "loop.csv")
-    write_json({"model": name, "tasks": list(task_list), "modes": list(modes), "kinds": list(kinds),
-                "datasets": {ds.task: ds.content_hash for ds in datasets}, "seed": opts.seed},
-               opts.out / "loop.json")  # fmt: skip
+    write_json(
+        {
+            "model": name,
+            "tasks": list(task_list),
+            "modes": list(modes),
+            "kinds": list(kinds),
+            "datasets": {ds.task: ds.content_hash for ds in datasets},
+            "seed": opts.seed,
+        },
+        opts.out / "loop.json",
+    )
     figs = plot_loop(df, opts.out / "figures")
     lines = [headline(df, t) for t in task_list]
     lines.append(f"wrote {opts.out / 'loop.csv'} and {len(figs) // 2} figures")

@@ -44,8 +44,11 @@ def patch_matrix(df: pd.DataFrame, task: str, kind: str) -> pd.DataFrame:
     return t[cols]
 
 
-TITLES = {"resid": ("depth", "position patched"), "head": ("layer", "head (output, hook_z)"),
-          "path": ("block-0 input", "head (the twin's fed-back state into it only)")}  # fmt: skip
+TITLES = {
+    "resid": ("depth", "position patched"),
+    "head": ("layer", "head (output, hook_z)"),
+    "path": ("block-0 input", "head (the twin's fed-back state into it only)"),
+}
 
 
 def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> dict[str, pd.DataFrame]:
@@ -59,8 +62,17 @@ def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> dict[str
         fig, ax = subplots(
             figsize=(max(5, 0.7 * t.shape[1] + 2), max(2.5, 0.45 * t.shape[0] + 1.2))
         )
-        sns.heatmap(t, ax=ax, cmap=DIVERGING, vmin=-0.2, vmax=1.2, center=0.5, annot=t.size <= 200,
-                    fmt=".2f", cbar_kws={"label": "logit difference (1 clean, 0 twin)"})  # fmt: skip
+        sns.heatmap(
+            t,
+            ax=ax,
+            cmap=DIVERGING,
+            vmin=-0.2,
+            vmax=1.2,
+            center=0.5,
+            annot=t.size <= 200,
+            fmt=".2f",
+            cbar_kws={"label": "logit difference (1 clean, 0 twin)"},
+        )
         ax.set_title(f"{task}, {prefill}: patch the twin's {kind}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

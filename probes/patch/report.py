@@ -19,10 +19,14 @@ def section(results: Path) -> list:
     df = read_long_table(folder / "patch.csv")
     meta = read_json(folder / "patch.json", "record of a patching", ("prefill", "pass"))
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
-    parts = ["## Where the label's difference lives (`fbt-probe patch`)", "",
-             f"The twin's activation patched into the clean run one site at a time ({where}, "
-             f"{meta['n_pairs']} pairs); 1 = the clean answer, 0 = the twin's "
-             "(normalised logit difference).", ""]  # fmt: skip
+    parts = [
+        "## Where the label's difference lives (`fbt-probe patch`)",
+        "",
+        f"The twin's activation patched into the clean run one site at a time ({where}, "
+        f"{meta['n_pairs']} pairs); 1 = the clean answer, 0 = the twin's "
+        "(normalised logit difference).",
+        "",
+    ]
     parts += [f"- {line}" for line in findings(df, meta["task"], where)] + [""]
     figs = folder / "figures"
     parts += [Figure(png) for png in sorted(figs.glob("*.png"))] if figs.is_dir() else []

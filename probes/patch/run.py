@@ -55,13 +55,15 @@ KINDS = ("resid", "head", "path")
 BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
 
 
-def twin_acts(model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str],
-              at_pass: int | None = None):  # fmt: skip
+def twin_acts(
+    model: FeedbackModel, b: PairBatch, pf: Prefill, names: list[str], at_pass: int | None = None
+):
     """The twins' run: their last pass's output and the activations ``names`` (every
     position) of pass ``at_pass`` (0 = pass 1; None: the last)."""
     last = at_pass is None or at_pass == pf.passes - 1
-    out, caches = model.run_with_pass_caches(b.twin_tokens, passes=pf.passes, names_filter=names,
-                                             last_only=last)  # fmt: skip
+    out, caches = model.run_with_pass_caches(
+        b.twin_tokens, passes=pf.passes, names_filter=names, last_only=last
+    )
     return out.passes[-1], caches.last if last else caches.of_pass(at_pass + 1)
 
 
@@ -120,8 +122,9 @@ def _layer_from(model, depth: int) -> int:
     return min(depth, model.cfg.n_layers - 1)
 
 
-def patch_batch(model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at,
-                at_pass: int | None = None) -> int:  # fmt: skip
+def patch_batch(
+    model, b: PairBatch, pf: Prefill, kinds, rec: Record, pairs, at, at_pass: int | None = None
+) -> int:
     """Every patch of ``kinds`` on one batch (residuals at the depths ``at``) in pass
     ``at_pass`` (0 = pass 1; None: the last), into ``rec``; returns the number of runs."""
     z = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
@@ -149,8 +152,12 @@ def count_sites(m, kinds, n_depths: int) -> int:
     positions before the answer, all), each head, the fed-back state at every column, and
     each block-0 head's q, k and v path."""
     cols, L, H = BACK + 2, m.cfg.n_layers, m.n_heads
-    return (n_depths * cols * ("resid" in kinds) + L * H * ("head" in kinds)
-            + cols * ("state" in kinds) + 3 * H * ("path" in kinds))  # fmt: skip
+    return (
+        n_depths * cols * ("resid" in kinds)
+        + L * H * ("head" in kinds)
+        + cols * ("state" in kinds)
+        + 3 * H * ("path" in kinds)
+    )
 
 
 def check_patch_work(m, bs, pf, kinds, at, at_pass: int, prefill: str, pass_) -> None:
@@ -159,8 +166,12 @@ def check_patch_work(m, bs, pf, kinds, at, at_pass: int, prefill: str, pass_) ->
     sites = count_sites(m, kinds, len(at))
     tokens = sum(int(b.tokens.numel()) for b in bs)
     options = f"--prefill {prefill}" + (f" --pass {pass_}" if pass_ is not None else "")
-    check_work(m, sites * tokens * (pf.passes - at_pass), options,
-               f"{sites:,} patches of {pf.passes - at_pass} passes each on {tokens:,} tokens")  # fmt: skip
+    check_work(
+        m,
+        sites * tokens * (pf.passes - at_pass),
+        options,
+        f"{sites:,} patches of {pf.passes - at_pass} passes each on {tokens:,} tokens",
+    )
 
 
 def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tuple]:
@@ -173,28 +184,47 @@ def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tupl
         for d in at:
             name = depth[d]
             for col, mask in cols.items():
-                runs.append((Key("patch_resid", name, col), _start(mask),
-                             [(name, replace_where(mask, acts[name]))], _layer_from(model, d)))  # fmt: skip
+                runs.append(
+                    (
+                        Key("patch_resid", name, col),
+                        _start(mask),
+                        [(name, replace_where(mask, acts[name]))],
+                        _layer_from(model, d),
+                    )
+                )
     t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
     after = cols["all"] & (t >= b.label_pos[:, None])
     if "head" in kinds:
         for layer, name in enumerate(z):
             for h in range(H):
-                runs.append((Key("patch_head", name, f"head {h}"), _start(after),
-                             [(name, head_hook(h, after, acts[name]))], _layer_from(model, layer)))  # fmt: skip
+                runs.append(
+                    (
+                        Key("patch_head", name, f"head {h}"),
+                        _start(after),
+                        [(name, head_hook(h, after, acts[name]))],
+                        _layer_from(model, layer),
+                    )
+                )
     if "path" in kinds:
         fed = acts[STATE_HOOK] if STATE_HOOK in acts else None  # none in a plain pass
         qkv = [f"blocks.0.attn.hook_{w}" for w in "qkv"]
         swapped = state_swapped_qkv(runner, b, fed, qkv, after)
         for name in qkv:
             for h in range(swapped[name].shape[2]):  # keys and values: the key-value heads
-                runs.append((Key("patch_path", name, f"head {h}"), _start(after),
-                             [(name, head_hook(h, after, swapped[name]))], 0))  # fmt: skip
+                runs.append(
+                    (
+                        Key("patch_path", name, f"head {h}"),
+                        _start(after),
+                        [(name, head_hook(h, after, swapped[name]))],
+                        0,
+                    )
+                )
     return runs
 
 
-def state_swapped_qkv(runner: Runner, b: PairBatch, twin_fed, names,
-                      after) -> dict[str, torch.Tensor]:  # fmt: skip
+def state_swapped_qkv(
+    runner: Runner, b: PairBatch, twin_fed, names, after
+) -> dict[str, torch.Tensor]:
     """Block 0's q, k and v (batch, pos, head, d_head) in the patched pass when the twin's
     fed-back states enter the fusion of the clean example (its own where there is no
     fed-back state)."""
@@ -232,11 +262,22 @@ def parse_args(prefill: str, kinds: str, pass_: int | None) -> tuple[Prefill, tu
     return pf, chosen, pf.passes - 1 if pass_ is None else pass_ - 1
 
 
-def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str = "recurrent",
-          kinds: str = "resid,head,path", pass_: int | None = None, depths: str | None = None,
-          data: str | Path | None = None, out: str | Path = "results/patch", seed: int = 0,
-          batch_size: int = 64, device: str = "cpu", groups: int | None = None,
-          progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+def patch(
+    *,
+    model: str = "default",
+    task: str = "delayed_memory",
+    prefill: str = "recurrent",
+    kinds: str = "resid,head,path",
+    pass_: int | None = None,
+    depths: str | None = None,
+    data: str | Path | None = None,
+    out: str | Path = "results/patch",
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str = "cpu",
+    groups: int | None = None,
+    progress=None,
+) -> tuple[pd.DataFrame, list[str]]:
     """``fbt-probe patch`` (see the module docstring); every argument is checked first.
     ``pass_``: the pass patched (1-based; None: the prefill's last); ``groups``: patch only
     the examples of the first this many groups."""
@@ -250,8 +291,9 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
     m.eval()
     at = pick_depths(depths, len(m.depth_hooks()))
     if set(chosen) & {"head", "path"} and not m.n_heads:
-        raise ValueError(f"{name}: its attention layout has no per-head hooks here; patch it "
-                         "with --kinds resid")  # fmt: skip
+        raise ValueError(
+            f"{name}: its attention layout has no per-head hooks here; patch it with --kinds resid"
+        )
     t0 = time.monotonic()
     pairs = pairs_of(load_or_generate(task, data, m, twins=True))
     keep = np.flatnonzero(pairs.shift == 0)
@@ -271,10 +313,20 @@ def patch(*, model: str = "default", task: str = "delayed_memory", prefill: str 
                 progress(k + 1, len(bs), f"{task} {pf.name}, pass {at_pass + 1}: patches")
     df = summarise(rec, pairs, task, pf.name, seed)
     df.insert(df.columns.get_loc("prefill") + 1, "pass", at_pass + 1)
-    meta = {"model": name, "task": task, "prefill": pf.name, "pass": at_pass + 1,
-            "kinds": list(chosen), "groups": groups, "n_pairs": len(pairs), "n_batches": len(bs),
-            "patched_runs": n_runs, "depths": list(at), "seconds": time.monotonic() - t0,
-            **reference(rec, pairs)}  # fmt: skip
+    meta = {
+        "model": name,
+        "task": task,
+        "prefill": pf.name,
+        "pass": at_pass + 1,
+        "kinds": list(chosen),
+        "groups": groups,
+        "n_pairs": len(pairs),
+        "n_batches": len(bs),
+        "patched_runs": n_runs,
+        "depths": list(at),
+        "seconds": time.monotonic() - t0,
+        **reference(rec, pairs),
+    }
     return df, write_patch(df, meta, out)
 
 
@@ -287,8 +339,10 @@ def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
     where = f"{meta['prefill']} prefill, pass {meta['pass']}"
     plot_patch(df, meta["task"], where, out / "figures")
     lines = findings(df, meta["task"], where)
-    lines.append(f"wrote {out / 'patch.csv'} ({len(df)} rows, {meta['patched_runs']} patched "
-                 f"runs) and figures in {out / 'figures'}")  # fmt: skip
+    lines.append(
+        f"wrote {out / 'patch.csv'} ({len(df)} rows, {meta['patched_runs']} patched "
+        f"runs) and figures in {out / 'figures'}"
+    )
     return lines
 
 

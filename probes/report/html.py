@@ -22,8 +22,13 @@ import pandas as pd
 from tasks.safe_files import atomic_write
 
 # cividis (perceptually uniform, colour-blind safe: the PNG figures' map) at five stops
-CIVIDIS = ((0.0, (0, 32, 77)), (0.25, (65, 77, 107)), (0.5, (124, 123, 120)),
-           (0.75, (188, 175, 111)), (1.0, (255, 234, 70)))  # fmt: skip
+CIVIDIS = (
+    (0.0, (0, 32, 77)),
+    (0.25, (65, 77, 107)),
+    (0.5, (124, 123, 120)),
+    (0.75, (188, 175, 111)),
+    (1.0, (255, 234, 70)),
+)
 
 STYLE = """
 body{font:15px/1.5 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -162,8 +167,18 @@ def markdown_html(text: str, image: Callable[[str, str], str]) -> str:
     return "\n".join(out)
 
 
-def heatmap(title: str, rows: list, cols: list, cell: Callable, *, lo: float, hi: float,
-            row_name: str = "", col_name: str = "", attrs: str = "") -> str:  # fmt: skip
+def heatmap(
+    title: str,
+    rows: list,
+    cols: list,
+    cell: Callable,
+    *,
+    lo: float,
+    hi: float,
+    row_name: str = "",
+    col_name: str = "",
+    attrs: str = "",
+) -> str:
     """A heatmap as a table: ``cell(r, c)`` gives (value, tooltip text), or (shade, tooltip,
     text) where the colour follows another scale than the number shown (a log scale), or None
     for no cell. Colours run from ``lo`` (the darkest) to ``hi``; every cell's tooltip says
@@ -182,11 +197,15 @@ def heatmap(title: str, rows: list, cols: list, cell: Callable, *, lo: float, hi
             v, tip, *text = got
             bg, fg = colour(v, lo, hi)
             shown = text[0] if text else f"{v:.2f}"
-            tds.append(f'<td class="cell" style="background:{bg};color:{fg}" data-value="{v:.4f}" '
-                       f'data-tip="{esc(tip)}" title="{esc(tip)}">{esc(shown)}</td>')  # fmt: skip
+            tds.append(
+                f'<td class="cell" style="background:{bg};color:{fg}" data-value="{v:.4f}" '
+                f'data-tip="{esc(tip)}" title="{esc(tip)}">{esc(shown)}</td>'
+            )
         body.append("<tr>" + "".join(tds) + "</tr>")
-    return (f'<div class="heatmap"{attrs}><h3>{esc(title)}</h3><table class="heat"><thead><tr>'
-            f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")  # fmt: skip
+    return (
+        f'<div class="heatmap"{attrs}><h3>{esc(title)}</h3><table class="heat"><thead><tr>'
+        f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def page(title: str, body: str, *, data: dict | None = None, script: str = "") -> str:
@@ -198,11 +217,13 @@ def page(title: str, body: str, *, data: dict | None = None, script: str = "") -
         payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
         blob = f'<script id="fbt-data" type="application/json">{payload}</script>\n'
         blob += "<script>const FBT_DATA=JSON.parse(document.getElementById('fbt-data').textContent);</script>"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{STYLE}</style></head>\n<body>\n{body}\n"
-            f'<div id="tip"></div>\n{blob}<script>{SCRIPT}</script>\n'
-            f"{f'<script>{script}</script>' if script else ''}\n</body></html>\n")  # fmt: skip
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head>\n<body>\n{body}\n"
+        f'<div id="tip"></div>\n{blob}<script>{SCRIPT}</script>\n'
+        f"{f'<script>{script}</script>' if script else ''}\n</body></html>\n"
+    )
 
 
 def write_page(path: Path, text: str) -> Path:
@@ -215,8 +236,10 @@ def write_page(path: Path, text: str) -> Path:
 
 
 def value_tip(r, what: str, metric: str) -> str:
-    return (f"{what}\n{metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
-            f"n = {int(r.n)} examples")  # fmt: skip
+    return (
+        f"{what}\n{metric} {r.value:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] (95 % CI)\n"
+        f"n = {int(r.n)} examples"
+    )
 
 
 def rows_grid(g: pd.DataFrame, rows: list, cols: list, title: str, what, metric: str) -> str:

@@ -62,10 +62,12 @@ def _redraw(res: Path) -> list[str]:
         a.report(res)  # before any figure is drawn
     counts = {a.name: a.redraw(res) for a in ANALYSES.values()}
     if not any(counts.values()):
-        raise FileNotFoundError(f"{res} holds the tables of no analysis ({', '.join(ANALYSES)}): "
-                                f"{_nothing_there(res)}")  # fmt: skip
-    return [f"drew {n} figure panel{'s' * (n != 1)} of {name}" for name, n in counts.items() if n] + [
-        f"into the figure folders under {res}"]  # fmt: skip
+        raise FileNotFoundError(
+            f"{res} holds the tables of no analysis ({', '.join(ANALYSES)}): {_nothing_there(res)}"
+        )
+    return [
+        f"drew {n} figure panel{'s' * (n != 1)} of {name}" for name, n in counts.items() if n
+    ] + [f"into the figure folders under {res}"]
 
 
 def write_report(results: str | Path, force: bool = False) -> Path:

@@ -38,7 +38,9 @@ def write_report_html(
         )
 
     body = markdown_html(markdown, image)
-    note = ("<p><em>Hover a heatmap's cell for its value, interval and n; click a table's "
-            "header to sort by it.</em></p>")  # fmt: skip
+    note = (
+        "<p><em>Hover a heatmap's cell for its value, interval and n; click a table's "
+        "header to sort by it.</em></p>"
+    )
     body = body.replace("</h1>", "</h1>" + note, 1)
     return write_page(Path(to or res) / "report.html", page("fbt-probe report", body))

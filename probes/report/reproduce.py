@@ -63,8 +63,14 @@ def step(analysis, model, name: str, out: Path, progress=None, force: bool = Fal
     return [f"  {line}" for line in lines if not line.startswith("wrote ")]
 
 
-def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=None,
-              bars=None, force: bool = False) -> list[str]:  # fmt: skip
+def reproduce(
+    *,
+    out: str | Path = "results",
+    train_first: bool = False,
+    argv=None,
+    bars=None,
+    force: bool = False,
+) -> list[str]:
     """Run the job into ``out``: every registered analysis that has reproduce options, in
     the order they were registered, then report.md, report.html and view.html;
     ``bars(label, total)`` makes progress bars; an earlier run's outputs in ``out`` are
@@ -90,6 +96,8 @@ def reproduce(*, out: str | Path = "results", train_first: bool = False, argv=No
     pages = [report, report.with_suffix(".html")]
     if (out / "probes").is_dir():  # two examples, with the fit's probes and the tuned lens
         pages.append(view(probes=out, out=out / "view.html", force=force)[0])
-    lines.append(f"wrote {', '.join(map(str, pages))} from the results in {out} "
-                 f"({time.monotonic() - t0:.0f} s)")  # fmt: skip
+    lines.append(
+        f"wrote {', '.join(map(str, pages))} from the results in {out} "
+        f"({time.monotonic() - t0:.0f} s)"
+    )
     return lines

@@ -134,9 +134,14 @@ def _top(model, read, x: torch.Tensor, words) -> list:
     and the TOP_K best as 'word p' lines."""
     p = read(x).float().softmax(-1)
     val, idx = p.topk(TOP_K, dim=-1)
-    return [[words(int(i[0])), round(float(v[0]), 3),
-             "\n".join(f"{words(int(a))} {float(b):.3f}" for a, b in zip(i, v, strict=True))]
-            for v, i in zip(val, idx, strict=True)]  # fmt: skip
+    return [
+        [
+            words(int(i[0])),
+            round(float(v[0]), 3),
+            "\n".join(f"{words(int(a))} {float(b):.3f}" for a, b in zip(i, v, strict=True)),
+        ]
+        for v, i in zip(val, idx, strict=True)
+    ]
 
 
 def lens_reads(model, caches, hooks, words, tuned=None) -> list[list[dict]]:
@@ -200,23 +205,37 @@ def example_data(model, ds, row: int, passes: int, probes: list, words, tuned=No
     hooks = model.depth_hooks()
     names = [*hooks, "fusion.hook_state", *(pattern_hooks(model) if model.n_heads else [])]
     dev = next(model.parameters()).device
-    _, caches = model.run_with_pass_caches(torch.tensor([ids], device=dev), passes=passes,
-                                           names_filter=names)  # fmt: skip
+    _, caches = model.run_with_pass_caches(
+        torch.tensor([ids], device=dev), passes=passes, names_filter=names
+    )
     xs = [torch.stack([c[h][0] for h in hooks]).float().cpu().numpy() for c in caches]
     return {
-        "row": row, "distractors": int(ds.n_distractors[row]), "colon": colon,
-        "tokens": token_words(model, ids), "labels": list(ds.labels[row]),
+        "row": row,
+        "distractors": int(ds.n_distractors[row]),
+        "colon": colon,
+        "tokens": token_words(model, ids),
+        "labels": list(ds.labels[row]),
         "probe": probe_reads(probes, xs),
         "lens": lens_reads(model, caches, hooks, words, tuned),
         "attention": patterns(caches, model.cfg.n_layers) if model.n_heads else [],
-    }  # fmt: skip
+    }
 
 
 @claims("out")
-def view(*, model: str = "default", task: str = "delayed_memory", examples: str = "",
-         data: str | Path | None = None, probes: str | Path = "results", prefill: str = "k3",
-         tuned_lens: str | Path | None = None, out: str | Path = "results/view.html",
-         device: str = "cpu", force: bool = False, progress=None) -> tuple[Path, list[str]]:  # fmt: skip
+def view(
+    *,
+    model: str = "default",
+    task: str = "delayed_memory",
+    examples: str = "",
+    data: str | Path | None = None,
+    probes: str | Path = "results",
+    prefill: str = "k3",
+    tuned_lens: str | Path | None = None,
+    out: str | Path = "results/view.html",
+    device: str = "cpu",
+    force: bool = False,
+    progress=None,
+) -> tuple[Path, list[str]]:
     """``fbt-probe view`` (see the module docstring); every argument is checked first, and
     a page already at ``out`` is replaced only with ``force``."""
 
@@ -239,12 +258,24 @@ def view(*, model: str = "default", task: str = "delayed_memory", examples: str 
         shown.append(example_data(m, ds, r, passes, found, words, tuned))
         if progress is not None:
             progress(k + 1, len(rows), f"{task}: row {r}")
-    doc = {"model": name, "task": task, "passes": passes, "layers": m.cfg.n_layers,
-           "heads": m.n_heads, "probe_note": note, "lens_note": lens_note, "examples": shown,
-           "alphabet": ALPHABET}  # fmt: skip
-    body = (f"<h1>fbt-probe view: {esc(task)} on {esc(name)}</h1>"
-            '<div id="controls"></div><div id="app"></div>')  # fmt: skip
+    doc = {
+        "model": name,
+        "task": task,
+        "passes": passes,
+        "layers": m.cfg.n_layers,
+        "heads": m.n_heads,
+        "probe_note": note,
+        "lens_note": lens_note,
+        "examples": shown,
+        "alphabet": ALPHABET,
+    }
+    body = (
+        f"<h1>fbt-probe view: {esc(task)} on {esc(name)}</h1>"
+        '<div id="controls"></div><div id="app"></div>'
+    )
     write_page(out, page(f"fbt-probe view: {task}", body, data=doc, script=SCRIPT.read_text()))
     size = out.stat().st_size / 2**20
-    return out, [f"wrote {out} ({size:.1f} MB): {task}, rows {', '.join(map(str, rows))}, "
-                 f"{passes} passes; {note}; {lens_note} ({time.monotonic() - t0:.1f} s)"]  # fmt: skip
+    return out, [
+        f"wrote {out} ({size:.1f} MB): {task}, rows {', '.join(map(str, rows))}, "
+        f"{passes} passes; {note}; {lens_note} ({time.monotonic() - t0:.1f} s)"
+    ]

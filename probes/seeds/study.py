@@ -76,8 +76,18 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
         if not path.is_file():
             generate_dataset(t, path, n_groups=probe_groups)
         data[t] = path
-    df = run_fit(model, name, tasks, PREFILLS, data, run / "probe", controls=False,
-                 per_count=False, cache_dir=run.parent / ".cache", progress=progress)  # fmt: skip
+    df = run_fit(
+        model,
+        name,
+        tasks,
+        PREFILLS,
+        data,
+        run / "probe",
+        controls=False,
+        per_count=False,
+        cache_dir=run.parent / ".cache",
+        progress=progress,
+    )
     row.update(probe_entries(df, model.entry_depth))
     return row
 
@@ -210,8 +220,15 @@ def _same_recipe(run: Path, scfg) -> None:
         )
 
 
-def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int = 48,
-                   probe_groups: int = 128, bars=None) -> pd.DataFrame:  # fmt: skip
+def run_seed_study(
+    cfg,
+    seeds: list[int],
+    out: Path,
+    train_fn,
+    eval_groups: int = 48,
+    probe_groups: int = 128,
+    bars=None,
+) -> pd.DataFrame:
     """Train ``cfg`` for every seed into ``out/seed-<s>`` (a finished seed is kept, a stopped
     one resumed), then write ``seed_table.csv``, ``seed_table.md``, ``seed_rows.json`` and
     ``seeds.png``. ``train_fn(cfg, run_dir, resume)`` trains one seed; ``bars(label)``, a
@@ -232,8 +249,10 @@ def run_seed_study(cfg, seeds: list[int], out: Path, train_fn, eval_groups: int 
             rows[s] = _json_object(cached)
             bad = [k for k, v in rows[s].items() if not isinstance(v, int | float)]
             if bad:
-                raise ValueError(f"{cached} is damaged: {bad[0]!r} is not a number; delete it "
-                                 "to measure the seed again")  # fmt: skip
+                raise ValueError(
+                    f"{cached} is damaged: {bad[0]!r} is not a number; delete it "
+                    "to measure the seed again"
+                )
         else:
             with bars(f"measure seed {s}") if bars else nullcontext() as bar:
                 rows[s] = seed_row(run, eval_groups, probe_groups, bar)
@@ -251,8 +270,9 @@ def write_study(rows: dict[int, dict], out: Path) -> pd.DataFrame:
     atomic_write(out / "seed_table.csv", lambda tmp: table.to_csv(tmp, float_format="%.4g"))
     md = markdown(with_interval_cells(table, rows).T)
     atomic_write(out / "seed_table.md", lambda tmp: Path(tmp).write_text(md))
-    atomic_write(out / "seed_rows.json",
-                 lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1)))  # fmt: skip
+    atomic_write(
+        out / "seed_rows.json", lambda tmp: Path(tmp).write_text(json.dumps(rows, indent=1))
+    )
     plot_seeds(rows, out)
     return table
 
@@ -327,10 +347,18 @@ def merge_studies(studies: list[Path], out: Path, force: bool = False) -> list[s
     return unchecked
 
 
-def study(*, seeds: str, config: str | None = None, overrides: list[str] | None = None,
-          out: str | Path | None = None, init_from: str | Path | None = None,
-          device: str = "cpu", max_minutes: float = 0.0, argv: list[str] | None = None,
-          bars=None) -> tuple[Path, pd.DataFrame]:  # fmt: skip
+def study(
+    *,
+    seeds: str,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    init_from: str | Path | None = None,
+    device: str = "cpu",
+    max_minutes: float = 0.0,
+    argv: list[str] | None = None,
+    bars=None,
+) -> tuple[Path, pd.DataFrame]:
     """``fbt-probe seeds run``: the recipe trained on each of ``seeds`` ('0-4', '0,3,7') into
     OUT/seed-<s> (a stopped seed resumes, a finished one is kept), then measured and
     tabulated (``run_seed_study``); ``bars(label, total)`` makes progress bars. Returns the
@@ -343,10 +371,18 @@ def study(*, seeds: str, config: str | None = None, overrides: list[str] | None 
 
     def one(scfg, run, again):
         with bars(f"train {scfg.name}", scfg.steps) if bars else nullcontext() as bar:
-            train(scfg, run, resume=again, progress=bar, argv=argv, device=device,
-                  max_minutes=max_minutes)  # fmt: skip
+            train(
+                scfg,
+                run,
+                resume=again,
+                progress=bar,
+                argv=argv,
+                device=device,
+                max_minutes=max_minutes,
+            )
 
     with claim(folder):
-        table = run_seed_study(cfg, seed_list, folder, one,
-                               bars=(lambda label: bars(label, 1)) if bars else None)  # fmt: skip
+        table = run_seed_study(
+            cfg, seed_list, folder, one, bars=(lambda label: bars(label, 1)) if bars else None
+        )
     return folder, table

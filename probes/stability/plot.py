@@ -58,7 +58,8 @@ def figures(results: Path) -> int:
         folder,
     )
     if (folder / "soft_decoding.csv").exists():
-        plot_soft(read_table(folder / "soft_decoding.csv", ("model", "step"), ("h_norm_mean",)),
-                  folder)  # fmt: skip
+        plot_soft(
+            read_table(folder / "soft_decoding.csv", ("model", "step"), ("h_norm_mean",)), folder
+        )
         return 2
     return 1

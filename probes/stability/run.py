@@ -68,9 +68,15 @@ def soft_prompt_ids(model) -> list[int]:
     return vocab.encode(SOFT_PROMPT) if enc is None else enc.tok(" ".join(SOFT_PROMPT))["input_ids"]
 
 
-def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task: str = "all",
-              out: str | Path = "results/stability", decode_tokens: int = 1000,
-              bars=None) -> list[str]:  # fmt: skip
+def stability(
+    *,
+    models: tuple[str, ...] = ("default",),
+    passes: int = 30,
+    task: str = "all",
+    out: str | Path = "results/stability",
+    decode_tokens: int = 1000,
+    bars=None,
+) -> list[str]:
     """Run the experiment on each model ``models`` names; ``bars(label, total)``, a context
     manager yielding a progress callable, shows each model's passes. Returns the report's
     lines (a verdict per model, the decoding's finiteness)."""
@@ -87,9 +93,11 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
         require_tokenizer(m)
         need = len(soft_prompt_ids(m)) + decode_tokens - 1
         if decode_tokens and need > m.cfg.n_ctx:
-            raise ValueError(f"--decode-tokens {decode_tokens}: the prompt and the decoded tokens "
-                             f"need {need} positions, more than the context of {spec} "
-                             f"({m.cfg.n_ctx})")  # fmt: skip
+            raise ValueError(
+                f"--decode-tokens {decode_tokens}: the prompt and the decoded tokens "
+                f"need {need} positions, more than the context of {spec} "
+                f"({m.cfg.n_ctx})"
+            )
     batches, rows, soft, lines = {}, [], [], []  # one held-out batch per tokenizer
     for _, m, _ in loaded:  # every model's batch and its work, before any work
         enc = getattr(m, "encoding", None)
@@ -102,8 +110,13 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
         label, enc = label_of(spec, name), getattr(m, "encoding", None)
         key = None if enc is None else enc.fingerprint
         with bars(f"stability {label}", passes) if bars else nullcontext() as bar:
-            traj = jacobi_trajectory(m, batches[key], passes, progress=bar,
-                                     lipschitz_at=tuple(k for k in LIPSCHITZ_AT if k <= passes))  # fmt: skip
+            traj = jacobi_trajectory(
+                m,
+                batches[key],
+                passes,
+                progress=bar,
+                lipschitz_at=tuple(k for k in LIPSCHITZ_AT if k <= passes),
+            )
         rows += [{"model": label, **r} for r in traj]
         lines.append(verdict_line(label, traj))
         if decode_tokens:
@@ -118,8 +131,10 @@ def stability(*, models: tuple[str, ...] = ("default",), passes: int = 30, task:
         _write_csv(sd, out / "soft_decoding.csv")
         plot_soft(sd, out)
         bad = sd[~sd.finite]
-        lines.append(f"SOFT decoding of {decode_tokens} tokens: "
-                     + ("all states finite" if bad.empty else f"{len(bad)} steps with NaN/inf"))  # fmt: skip
+        lines.append(
+            f"SOFT decoding of {decode_tokens} tokens: "
+            + ("all states finite" if bad.empty else f"{len(bad)} steps with NaN/inf")
+        )
     lines.append(f"wrote {out / 'stability.csv'} and figures in {out}")
     return lines
 
@@ -130,7 +145,12 @@ def run(options, progress=None) -> Result:
     o = options
     models = tuple(o.model) if isinstance(o.model, list | tuple) else (o.model,)
     passes = jacobi_passes(o.prefill, 1, 1000)
-    lines = stability(models=models, passes=passes, task=o.task, out=o.out,
-                      decode_tokens=o.decode_tokens,
-                      bars=(lambda label, total: nullcontext(progress)) if progress else None)  # fmt: skip
+    lines = stability(
+        models=models,
+        passes=passes,
+        task=o.task,
+        out=o.out,
+        decode_tokens=o.decode_tokens,
+        bars=(lambda label, total: nullcontext(progress)) if progress else None,
+    )
     return Result({}, lines)

@@ -35,20 +35,35 @@ def plot_task(df: pd.DataFrame, task: str, out: Path) -> list[Path]:
     modes = list(dict.fromkeys(df[df.task == task]["mode"]))
     fig, axes = subplots(len(modes), 3, figsize=(17, 3.4 * len(modes)), squeeze=False)
     for i, mode in enumerate(modes):
-        for j, (metric, title) in enumerate((("probe", "probe of the step's state"),
-                                             ("lens", "logit lens: the step's word"))):  # fmt: skip
+        for j, (metric, title) in enumerate(
+            (("probe", "probe of the step's state"), ("lens", "logit lens: the step's word"))
+        ):
             t = step_matrix(df, task, mode, metric)
             ax = axes[i][j]
             if t.empty:
                 ax.set_axis_off()
                 continue
-            sns.heatmap(t, ax=ax, cmap=CMAP, vmin=0, vmax=1, annot=True, fmt=".2f",
-                        annot_kws={"size": 7}, cbar=j == 1)  # fmt: skip
+            sns.heatmap(
+                t,
+                ax=ax,
+                cmap=CMAP,
+                vmin=0,
+                vmax=1,
+                annot=True,
+                fmt=".2f",
+                annot_kws={"size": 7},
+                cbar=j == 1,
+            )
             ax.set_title(f"{task}, {mode}: {title}")
             ax.set_xlabel("generated step")
             ax.set_ylabel("depth")
-        g = df[(df.task == task) & (df["mode"] == mode) & (df.metric == "exact")
-               & (df.length == -1) & (df.distractors != POOLED)]  # fmt: skip
+        g = df[
+            (df.task == task)
+            & (df["mode"] == mode)
+            & (df.metric == "exact")
+            & (df.length == -1)
+            & (df.distractors != POOLED)
+        ]
         ax = axes[i][2]
         x = g.distractors.astype(int).to_numpy()
         ax.plot(np.arange(len(x)), g.value, marker="o", color=PALETTE[i % len(PALETTE)])

@@ -46,13 +46,26 @@ from tasks import get_task, vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
 
-COLUMNS = ["task", "mode", "metric", "step", "depth", "distractors", "length", "value", "ci_low",
-           "ci_high", "chance", "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "mode",
+    "metric",
+    "step",
+    "depth",
+    "distractors",
+    "length",
+    "value",
+    "ci_low",
+    "ci_high",
+    "chance",
+    "n",
+]
 STATE = "state"  # the depth name of the fed-back state's lens
 
 
-def decode_all(model, ds: Dataset, rows: np.ndarray, mode: str, n_steps: int, batch_size: int,
-               tick=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def decode_all(
+    model, ds: Dataset, rows: np.ndarray, mode: str, n_steps: int, batch_size: int, tick=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``rows`` decoded in ``mode``: generated ids (n, steps), residuals (n, steps,
     depths, d_model) and top states (n, steps, d_model), in the order of ``rows``."""
     device = next(model.parameters()).device
@@ -73,8 +86,15 @@ def decode_all(model, ds: Dataset, rows: np.ndarray, mode: str, n_steps: int, ba
     return ids, resid, top
 
 
-def probe_cells(resid: np.ndarray, states: np.ndarray, groups: np.ndarray, folds: int, seed: int,
-                metric: str, permute: bool = False) -> list[tuple[dict, tuple]]:  # fmt: skip
+def probe_cells(
+    resid: np.ndarray,
+    states: np.ndarray,
+    groups: np.ndarray,
+    folds: int,
+    seed: int,
+    metric: str,
+    permute: bool = False,
+) -> list[tuple[dict, tuple]]:
     """The probes to fit, one per (step, depth) of the step's state: (the row's keys, the
     arguments of ``fit_cell``). A step whose state is the same for every example (nothing to
     decode) is left out."""
@@ -86,8 +106,12 @@ def probe_cells(resid: np.ndarray, states: np.ndarray, groups: np.ndarray, folds
         if permute:
             y = permute_by_group(y, groups, seed)
         for d in range(resid.shape[2]):
-            cells.append(({"metric": metric, "step": s, "depth": str(d)},
-                          (resid[:, s, d], y, groups, seed, folds)))  # fmt: skip
+            cells.append(
+                (
+                    {"metric": metric, "step": s, "depth": str(d)},
+                    (resid[:, s, d], y, groups, seed, folds),
+                )
+            )
     return cells
 
 
@@ -101,8 +125,16 @@ def fit_cells(cells, jobs: int, progress=None) -> list[dict]:
         part = cells[i : i + chunk]
         res = Parallel(n_jobs=jobs)(delayed(fit_cell)(*args) for _, args in part)
         for (keys, _), r in zip(part, res, strict=True):
-            out.append({**keys, "value": r["accuracy"], "ci_low": r["ci_low"],
-                        "ci_high": r["ci_high"], "chance": r["chance"], "n": r["n_examples"]})  # fmt: skip
+            out.append(
+                {
+                    **keys,
+                    "value": r["accuracy"],
+                    "ci_low": r["ci_low"],
+                    "ci_high": r["ci_high"],
+                    "chance": r["chance"],
+                    "n": r["n_examples"],
+                }
+            )
         if progress is not None:
             progress(min(len(cells), i + chunk), len(cells), "steps: probes")
     return out
@@ -123,8 +155,17 @@ def lens_rows(model, resid, top, want: np.ndarray, groups, seed: int) -> list[di
             reads.append((STATE, fed[:, s - 1]))  # what step s reads: h_{s-1}
         for depth, got in reads:
             v, lo, hi, n = mean_ci((got == want[:, s]).astype(float), groups, seed)
-            rows.append({"metric": "lens", "step": s, "depth": depth, "value": v, "ci_low": lo,
-                         "ci_high": hi, "n": n})  # fmt: skip
+            rows.append(
+                {
+                    "metric": "lens",
+                    "step": s,
+                    "depth": depth,
+                    "value": v,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n": n,
+                }
+            )
     return rows
 
 
@@ -146,8 +187,17 @@ def answer_rows(ids, want, counts, lengths, groups, seed: int) -> list[dict]:
     cuts += [(POOLED, k, pooled & (lengths == k)) for k in sorted(set(lengths.tolist()))]
     for dist, length, keep in cuts:
         v, lo, hi, n = mean_ci(exact[keep], groups[keep], seed)
-        rows.append({"metric": "exact", "distractors": dist, "length": length, "value": v,
-                     "ci_low": lo, "ci_high": hi, "n": n})  # fmt: skip
+        rows.append(
+            {
+                "metric": "exact",
+                "distractors": dist,
+                "length": length,
+                "value": v,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n": n,
+            }
+        )
     return rows
 
 
@@ -204,8 +254,9 @@ def run(opts, progress=None) -> Result:
     task_list, modes = generation_tasks(opts.task), parse_modes(opts.modes)
     model, name = resolve_model(opts.model, resolve_device(opts.device))
     require_words(model)
-    datasets = [load_or_generate(t, opts.data if len(task_list) == 1 else None, model)
-                for t in task_list]  # fmt: skip
+    datasets = [
+        load_or_generate(t, opts.data if len(task_list) == 1 else None, model) for t in task_list
+    ]
     runs = len(modes) * (1 if opts.no_controls else 2)
     check_data_work(model, datasets, 1, runs, "--modes, --task")
     control = None if opts.no_controls else random_init_like(model, opts.seed)
@@ -227,9 +278,18 @@ def run(opts, progress=None) -> Result:
     df["depth"] = df["depth"].fillna("")
     df["distractors"] = df["distractors"].fillna(POOLED)
     write_table(df, opts.out / "steps.csv")
-    write_json({"model": name, "tasks": list(task_list), "modes": list(modes),
-                "datasets": {ds.task: ds.content_hash for ds in datasets}, "folds": opts.folds,
-                "seed": opts.seed, "controls": not opts.no_controls}, opts.out / "steps.json")  # fmt: skip
+    write_json(
+        {
+            "model": name,
+            "tasks": list(task_list),
+            "modes": list(modes),
+            "datasets": {ds.task: ds.content_hash for ds in datasets},
+            "folds": opts.folds,
+            "seed": opts.seed,
+            "controls": not opts.no_controls,
+        },
+        opts.out / "steps.json",
+    )
     figs = plot_steps(df, opts.out / "figures")
     lines = [headline(df, t) for t in task_list]
     lines.append(f"wrote {opts.out / 'steps.csv'} and {len(figs) // 2} figures")

@@ -33,8 +33,13 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
     t = drawn["convergence"]
     positive = t.values[t.values > 0]
     lo = float(positive.min()) if positive.size else 1e-6
-    sns.heatmap(t.clip(lower=lo), ax=axes[0], cmap=CMAP, norm=LogNorm(vmin=lo, vmax=max(lo * 10, float(np.nanmax(t.values)))),
-                cbar_kws={"label": "||h(k) - h(K)|| / ||h(K)||"})  # fmt: skip
+    sns.heatmap(
+        t.clip(lower=lo),
+        ax=axes[0],
+        cmap=CMAP,
+        norm=LogNorm(vmin=lo, vmax=max(lo * 10, float(np.nanmax(t.values)))),
+        cbar_kws={"label": "||h(k) - h(K)|| / ||h(K)||"},
+    )
     axes[0].set_title(f"{task}: distance to the last pass")
     axes[0].set_xlabel("position (0: where the answer is next)")
     axes[0].set_ylabel("pass k")
@@ -66,8 +71,13 @@ def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -
     drawn["gate"] = gates.set_index("token_class").value
     if len(gates):
         axes[3].bar(gates.token_class, gates.value, color=PALETTE[: len(gates)])
-        axes[3].errorbar(gates.token_class, gates.value, fmt="none", ecolor="black",
-                         yerr=[gates.value - gates.ci_low, gates.ci_high - gates.value])  # fmt: skip
+        axes[3].errorbar(
+            gates.token_class,
+            gates.value,
+            fmt="none",
+            ecolor="black",
+            yerr=[gates.value - gates.ci_low, gates.ci_high - gates.value],
+        )
         axes[3].set_ylim(0, 1)
         axes[3].set_ylabel("mean sigma(W_G e_t) (bars: 2.5-97.5 % of positions)")
     axes[3].set_title("the fusion's gate by token")

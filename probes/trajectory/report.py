@@ -27,13 +27,24 @@ def trajectory(tr: pd.DataFrame, task: str) -> list[str]:
         r = by.get((k, from_answer))
         if r is None:
             return None
-        tip = (f"{task}, pass {k}, position {from_answer} (0: where the answer is next)\n"
-               f"distance to the last pass {r.value:.3g}\nn = {int(r.n)} examples")  # fmt: skip
+        tip = (
+            f"{task}, pass {k}, position {from_answer} (0: where the answer is next)\n"
+            f"distance to the last pass {r.value:.3g}\nn = {int(r.n)} examples"
+        )
         return float(np.log10(max(r.value, 1e-9))), tip, f"{r.value:.1g}"
 
-    return [heatmap(f"{task}: distance to the last pass, ||h(k) - h(K)|| / ||h(K)||", sorted(set(g.k)),
-                    sorted(set(g.from_answer)), cell, lo=float(logs.min()), hi=float(logs.max()),
-                    row_name="pass", col_name="position")]  # fmt: skip
+    return [
+        heatmap(
+            f"{task}: distance to the last pass, ||h(k) - h(K)|| / ||h(K)||",
+            sorted(set(g.k)),
+            sorted(set(g.from_answer)),
+            cell,
+            lo=float(logs.min()),
+            hi=float(logs.max()),
+            row_name="pass",
+            col_name="position",
+        )
+    ]
 
 
 def section(results: Path) -> list:
@@ -45,5 +56,8 @@ def section(results: Path) -> list:
     tr = read_long_table(folder / "trajectory.csv")
     parts: list = findings("How the states move over passes (`fbt-probe trajectory`)", tr, headline)
     pngs = {t: folder / "figures" / f"trajectory_{t}.png" for t in dict.fromkeys(tr.task)}
-    return parts + [Figure(png, tuple(trajectory(tr, t)), keep_png=True)
-                    for t, png in pngs.items() if png.is_file()]  # fmt: skip
+    return parts + [
+        Figure(png, tuple(trajectory(tr, t)), keep_png=True)
+        for t, png in pngs.items()
+        if png.is_file()
+    ]

@@ -40,8 +40,18 @@ from tasks.base import POOLED
 from tasks.dataset import Dataset
 from tasks.safe_files import check_output_dir
 
-COLUMNS = ["task", "metric", "pass", "from_answer", "distractors", "token_class", "value", "ci_low",
-           "ci_high", "n"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "metric",
+    "pass",
+    "from_answer",
+    "distractors",
+    "token_class",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 MAX_PASSES, WINDOW = 64, 32  # positions before the read one shown in the convergence map
 CLASSES = ("label-bearing", "colon", "distractor", "other")
 
@@ -97,8 +107,13 @@ def collect(model, ds: Dataset, passes: int, batch_size: int, progress=None) -> 
         done += len(idx)
         if progress is not None:
             progress(done, n, f"{ds.task}: trajectory")
-    return {"dist": dist, "correct": top == answer[:, None], "top": top, "read": read,
-            "gates": gates}  # fmt: skip
+    return {
+        "dist": dist,
+        "correct": top == answer[:, None],
+        "top": top,
+        "read": read,
+        "gates": gates,
+    }
 
 
 def _mean_ci(v: np.ndarray, boot: GroupBootstrap) -> tuple[float, float, float]:
@@ -116,8 +131,17 @@ def summarise(task: str, ds: Dataset, got: dict, seed: int, n_boot: int = N_BOOT
             v = got["dist"][:, k, o]
             v = v[~np.isnan(v)]
             if len(v):
-                rows.append({**base, "task": task, "metric": "convergence", "pass": k + 1,
-                             "from_answer": o - WINDOW, "value": float(v.mean()), "n": len(v)})  # fmt: skip
+                rows.append(
+                    {
+                        **base,
+                        "task": task,
+                        "metric": "convergence",
+                        "pass": k + 1,
+                        "from_answer": o - WINDOW,
+                        "value": float(v.mean()),
+                        "n": len(v),
+                    }
+                )
     counts = ds.n_distractors
     cells = [(POOLED, np.ones(len(ds), bool))] + [
         (str(int(c)), counts == c) for c in np.unique(counts)
@@ -134,9 +158,18 @@ def summarise(task: str, ds: Dataset, got: dict, seed: int, n_boot: int = N_BOOT
     for c, vals in zip(CLASSES, got["gates"], strict=True):
         if vals:
             v = np.asarray(vals)
-            rows.append({**base, "task": task, "metric": "gate", "token_class": c,
-                         "value": float(v.mean()), "ci_low": float(np.percentile(v, 2.5)),
-                         "ci_high": float(np.percentile(v, 97.5)), "n": len(v)})  # fmt: skip
+            rows.append(
+                {
+                    **base,
+                    "task": task,
+                    "metric": "gate",
+                    "token_class": c,
+                    "value": float(v.mean()),
+                    "ci_low": float(np.percentile(v, 2.5)),
+                    "ci_high": float(np.percentile(v, 97.5)),
+                    "n": len(v),
+                }
+            )
     return rows
 
 
@@ -148,10 +181,16 @@ def pca_rows(task: str, ds: Dataset, read: np.ndarray) -> tuple[pd.DataFrame, li
     n, passes, d = read.shape
     xy, var = pca_2d(torch.from_numpy(read.reshape(n * passes, d)))
     xy = xy.numpy().reshape(n, passes, 2)
-    df = pd.DataFrame({"task": task, "example": np.repeat(np.arange(n), passes),
-                       "pass": np.tile(np.arange(1, passes + 1), n),
-                       "label": np.repeat([lab[0] for lab in ds.labels], passes),
-                       "pc1": xy[..., 0].ravel(), "pc2": xy[..., 1].ravel()})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "task": task,
+            "example": np.repeat(np.arange(n), passes),
+            "pass": np.tile(np.arange(1, passes + 1), n),
+            "label": np.repeat([lab[0] for lab in ds.labels], passes),
+            "pc1": xy[..., 0].ravel(),
+            "pc2": xy[..., 1].ravel(),
+        }
+    )
     return df, [float(x) for x in var]
 
 
@@ -160,11 +199,17 @@ def headline(df: pd.DataFrame, task: str) -> str:
     acc = g[(g.metric == "accuracy") & (g.distractors == POOLED)].sort_values("pass")
     flips = g[(g.metric == "flip_rate") & (g.distractors == POOLED)].sort_values("pass")
     conv = g[(g.metric == "convergence") & (g.from_answer == 0)].sort_values("pass")
-    line = (f"{task}: answer top-1 by pass " + " / ".join(f"{v:.3f}" for v in acc.value)
-            + "; flips pass 1->2 " + (f"{flips.value.iloc[0]:.3f}" if len(flips) else "-"))  # fmt: skip
+    line = (
+        f"{task}: answer top-1 by pass "
+        + " / ".join(f"{v:.3f}" for v in acc.value)
+        + "; flips pass 1->2 "
+        + (f"{flips.value.iloc[0]:.3f}" if len(flips) else "-")
+    )
     if len(conv) > 2:
-        line += (f"; distance to pass {len(conv)} at the read position: pass 2 "
-                 f"{conv.value.iloc[1]:.3g}, pass {len(conv) - 1} {conv.value.iloc[-2]:.3g}")  # fmt: skip
+        line += (
+            f"; distance to pass {len(conv)} at the read position: pass 2 "
+            f"{conv.value.iloc[1]:.3g}, pass {len(conv) - 1} {conv.value.iloc[-2]:.3g}"
+        )
     gates = g[g.metric == "gate"]
     if len(gates):
         line += "; mean gate " + ", ".join(
@@ -173,10 +218,18 @@ def headline(df: pd.DataFrame, task: str) -> str:
     return line + "."
 
 
-def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
-               data: str | Path | None = None, out: str | Path = "results/trajectory",
-               seed: int = 0, batch_size: int = 64, device: str = "cpu",
-               progress=None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+def trajectory(
+    *,
+    model: str = "default",
+    task: str = "all",
+    passes: int = 8,
+    data: str | Path | None = None,
+    out: str | Path = "results/trajectory",
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str = "cpu",
+    progress=None,
+) -> tuple[pd.DataFrame, list[str]]:
     """``fbt-probe trajectory`` (see the module docstring); every argument is checked first."""
 
     out = Path(out)
@@ -189,8 +242,9 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
     m, name = resolve_model(model, resolve_device(device))
     m.eval()
     rows, pcas, var, lines = [], [], {}, []
-    datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=data is None)
-                for t in task_list}  # fmt: skip
+    datasets = {
+        t: load_or_generate(t, (data_map or {}).get(t), m, twins=data is None) for t in task_list
+    }
     check_data_work(m, datasets.values(), passes, 1, "--prefill")
     for t, ds in datasets.items():
         got = collect(m, ds, passes, batch_size, progress)
@@ -202,8 +256,10 @@ def trajectory(*, model: str = "default", task: str = "all", passes: int = 8,
     out.mkdir(parents=True, exist_ok=True)
     write_table(df, out / "trajectory.csv")
     write_table(pca, out / "trajectory_pca.csv")
-    write_json({"model": name, "passes": passes, "seed": seed, "pca_variance": var},
-               out / "trajectory.json")  # fmt: skip
+    write_json(
+        {"model": name, "passes": passes, "seed": seed, "pca_variance": var},
+        out / "trajectory.json",
+    )
     for t in task_list:
         plot_trajectory(df, pca, t, out / "figures")
         lines.append(headline(df, t))

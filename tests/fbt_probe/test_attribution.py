@@ -34,8 +34,11 @@ def _batch(seed: int = 0):
 
 def _masks(label, answer):
     t = torch.arange(T)[None]
-    cols = {"label": t == label[:, None], "answer-0": t == answer[:, None],
-            "all": t <= answer[:, None]}  # fmt: skip
+    cols = {
+        "label": t == label[:, None],
+        "answer-0": t == answer[:, None],
+        "all": t <= answer[:, None],
+    }
     return cols, (t <= answer[:, None]) & (t >= label[:, None])
 
 
@@ -47,10 +50,15 @@ def _metric(model, tokens, prefill, hooks, answer, cid, tid) -> float:
 
 
 SITES = [  # (hook, pass of a 2-pass prefill; None: the recurrence)
-    ("blocks.0.hook_resid_pre", 1), ("blocks.1.hook_resid_pre", 2), ("blocks.1.attn.hook_z", 1),
-    ("blocks.0.attn.hook_q", 2), (STATE, 2), ("blocks.1.hook_resid_post", None),
-    ("blocks.0.attn.hook_k", None), (STATE, None),
-]  # fmt: skip
+    ("blocks.0.hook_resid_pre", 1),
+    ("blocks.1.hook_resid_pre", 2),
+    ("blocks.1.attn.hook_z", 1),
+    ("blocks.0.attn.hook_q", 2),
+    (STATE, 2),
+    ("blocks.1.hook_resid_post", None),
+    ("blocks.0.attn.hook_k", None),
+    (STATE, None),
+]
 
 
 @pytest.mark.parametrize("name,pass_number", SITES)
@@ -72,8 +80,10 @@ def test_the_gradient_at_each_kind_of_site_matches_a_finite_difference(name, pas
         return [(name, at(hook, on_pass=pass_number) if pass_number else hook)]
 
     eps = 1e-4
-    fd = (_metric(model, tokens, pf, nudge(eps), answer, cid, tid)
-          - _metric(model, tokens, pf, nudge(-eps), answer, cid, tid)) / (2 * eps)  # fmt: skip
+    fd = (
+        _metric(model, tokens, pf, nudge(eps), answer, cid, tid)
+        - _metric(model, tokens, pf, nudge(-eps), answer, cid, tid)
+    ) / (2 * eps)
     assert float((g * u).sum()) == pytest.approx(fd, rel=1e-5, abs=1e-7)
     assert float((g * u).sum()) != 0
 
@@ -104,16 +114,27 @@ def test_the_fed_back_states_estimate_crosses_passes_only_with_feedback():
     tokens, twin, answer, cid, tid, label = _batch()
     cols, after = _masks(label, answer)
     depth0 = Site("resid", 1, "blocks.0.hook_resid_pre", "label")
-    gated = attribute(_model(), tokens, twin, answer, cid, tid, parse_prefill("recurrent"),
-                      cols, after)  # fmt: skip
+    gated = attribute(
+        _model(), tokens, twin, answer, cid, tid, parse_prefill("recurrent"), cols, after
+    )
     # pass 1's label embedding reaches the answer of pass 2 through the fed-back states
     assert Site("state", 2, STATE, "all") in gated.estimate
     assert float(gated.estimate[Site("state", 2, STATE, "all")].abs().sum()) > 0
-    none = attribute(_model(fusion="none"), tokens, twin, answer, cid, tid,
-                     parse_prefill("recurrent"), cols, after)  # fmt: skip
+    none = attribute(
+        _model(fusion="none"),
+        tokens,
+        twin,
+        answer,
+        cid,
+        tid,
+        parse_prefill("recurrent"),
+        cols,
+        after,
+    )
     assert float(none.estimate[depth0].abs().max()) == 0  # pass 1 never reaches pass 2
-    standard = attribute(_model(), tokens, twin, answer, cid, tid, parse_prefill("standard"),
-                         cols, after)  # fmt: skip
+    standard = attribute(
+        _model(), tokens, twin, answer, cid, tid, parse_prefill("standard"), cols, after
+    )
     assert not [s for s in standard.estimate if s.kind in ("state", "path")]
     assert {s.pass_number for s in gated.estimate} == {1, 2}
 
@@ -124,8 +145,18 @@ def test_an_upstream_nodes_edges_add_up_to_its_node_score(prefill):
     tokens, twin, answer, cid, tid, label = _batch()
     cols, after = _masks(label, answer)
     cols = {"all": cols["all"]}
-    r = attribute(model, tokens, twin, answer, cid, tid, parse_prefill(prefill), cols,
-                  torch.ones_like(after) & cols["all"], edges=True)  # fmt: skip
+    r = attribute(
+        model,
+        tokens,
+        twin,
+        answer,
+        cid,
+        tid,
+        parse_prefill(prefill),
+        cols,
+        torch.ones_like(after) & cols["all"],
+        edges=True,
+    )
     passes = {e.pass_number for e in r.edges}
     for p in passes:
         out = {}
@@ -173,8 +204,18 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path, monkeypatch):
                 w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
     tokens, twin, answer, cid, tid, label = _batch()
     cols, after = _masks(label, answer)
-    r = attribute(model, tokens, twin, answer, cid, tid, parse_prefill("recurrent"),
-                  {"all": cols["all"]}, cols["all"], edges=True)  # fmt: skip
+    r = attribute(
+        model,
+        tokens,
+        twin,
+        answer,
+        cid,
+        tid,
+        parse_prefill("recurrent"),
+        {"all": cols["all"]},
+        cols["all"],
+        edges=True,
+    )
     sums = {}
     for e, v in r.edges.items():
         sums[(e.pass_number, e.source)] = sums.get((e.pass_number, e.source), 0) + float(v.sum())
@@ -192,8 +233,18 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path, monkeypatch):
     import fbt_probe.attribution as attribution
 
     monkeypatch.setattr(attribution, "RECOMPUTE_ABOVE", 0)
-    again = attribute(model, tokens, twin, answer, cid, tid, parse_prefill("recurrent"),
-                      {"all": cols["all"]}, cols["all"], edges=True)  # fmt: skip
+    again = attribute(
+        model,
+        tokens,
+        twin,
+        answer,
+        cid,
+        tid,
+        parse_prefill("recurrent"),
+        {"all": cols["all"]},
+        cols["all"],
+        edges=True,
+    )
     for s, v in r.estimate.items():
         torch.testing.assert_close(again.estimate[s], v, rtol=1e-9, atol=1e-12)
 

@@ -132,8 +132,16 @@ def test_replace_feeds_the_state_instead_of_the_token():
     x = tokens()
     got = {}
     with torch.no_grad():
-        m.run_with_hooks(x, passes=2, fwd_hooks=[("blocks.0.hook_resid_pre",
-                                                 lambda t, hook: got.setdefault(hook.ctx["pass_number"] - 1, t))])  # fmt: skip
+        m.run_with_hooks(
+            x,
+            passes=2,
+            fwd_hooks=[
+                (
+                    "blocks.0.hook_resid_pre",
+                    lambda t, hook: got.setdefault(hook.ctx["pass_number"] - 1, t),
+                )
+            ],
+        )
         h1 = m(x, passes=1).states
         want = m.fusion.norm(h1[:, :-1] @ m.fusion.W_U.T)
     assert torch.equal(got[1][:, 0], m.embed(x)[:, 0])  # no state before the first position
@@ -171,8 +179,14 @@ def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, ta
     from tasks.generate import generate_dataset
 
     m = model_of(fusion="none", feedback_target=target)
-    path = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=8,
-                            distractors=(1, 4), seed=11, twins=True)  # fmt: skip
+    path = generate_dataset(
+        "done_tracking",
+        tmp_path / "dt.parquet",
+        n_groups=8,
+        distractors=(1, 4),
+        seed=11,
+        twins=True,
+    )
     rec, pairs, _ = run_battery(m, load(path), "recurrent", kinds=STATE_KINDS, cache_dir=None)
     df = summarise(rec, pairs, "done_tracking", "recurrent", 0)
     rows = df[df.intervention.isin(STATE_KINDS)]
@@ -191,8 +205,14 @@ def test_the_battery_runs_on_a_design_that_feeds_a_middle_block(tmp_path):
     from tasks.generate import generate_dataset
 
     m = model_of(feedback_source=3, feedback_target=2)
-    path = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=8,
-                            distractors=(1, 4), seed=11, twins=True)  # fmt: skip
+    path = generate_dataset(
+        "done_tracking",
+        tmp_path / "dt.parquet",
+        n_groups=8,
+        distractors=(1, 4),
+        seed=11,
+        twins=True,
+    )
     for prefill in ("recurrent", "full"):
         rec, pairs, info = run_battery(m, load(path), prefill, kinds=STATE_KINDS, cache_dir=None)
         df = summarise(rec, pairs, "done_tracking", prefill, 0)
@@ -206,8 +226,17 @@ def test_training_a_design_and_refusing_it_on_a_hugging_face_model(tmp_path):
     from fbt_probe.hf.tiny import model_folder
     from fbt_probe.loading import resolve_model
 
-    args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "model.feedback_target=1",
-            "--set", "model.fusion=replace"]  # fmt: skip
+    args = [
+        "train",
+        "-c",
+        "tiny",
+        "--set",
+        "steps=4",
+        "--set",
+        "model.feedback_target=1",
+        "--set",
+        "model.fusion=replace",
+    ]
     r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
     m, _ = resolve_model(str(tmp_path / "run"))
@@ -233,19 +262,38 @@ def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
 
     cfg = build_cfg(n_layers=3, n_heads=2, d_model=32, n_ctx=320, feedback_target=1)
     save_model(FBTModel(cfg, seed=2), tmp_path / "m")
-    data = generate_dataset("delayed_memory", tmp_path / "d.parquet", n_groups=12,
-                            distractors=(1, 4), seed=3)  # fmt: skip
+    data = generate_dataset(
+        "delayed_memory", tmp_path / "d.parquet", n_groups=12, distractors=(1, 4), seed=3
+    )
     out = tmp_path / "res"
-    r = CliRunner().invoke(app, ["fit", "--model", str(tmp_path / "m"), "--data", str(data),
-                                 "--out", str(out), "-p", "standard,recurrent", "--folds", "3"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            "--model",
+            str(tmp_path / "m"),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "-p",
+            "standard,recurrent",
+            "--folds",
+            "3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "depth 1 (block 1's input, where the feedback enters) at the colon" in r.output
     assert json.loads((out / "probe_results.json").read_text())["entry_depth"] == 1
     df = pd.read_csv(out / "probe_results.csv")
     table = layer0_table(df, 1)
     row = table[table.prefill == "recurrent"].iloc[0]
-    want = df[(df.depth == 1) & (df.prefill == "recurrent") & (df.model == "trained")
-              & (df.distractors == "1-256")].accuracy.iloc[0]  # fmt: skip
+    want = df[
+        (df.depth == 1)
+        & (df.prefill == "recurrent")
+        & (df.model == "trained")
+        & (df.distractors == "1-256")
+    ].accuracy.iloc[0]
     assert row.accuracy == want and row.paper == ""  # the paper's numbers are layer 0's
     text = write_report(out).read_text()
     assert "## Depth 1 at the colon, where this design's feedback enters" in text

@@ -105,8 +105,9 @@ def test_extraction_under_two_ranks_equals_one(tmp_path, prefill):
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
-    data = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=10,
-                            distractors=(1, 5, 30), seed=4)  # fmt: skip
+    data = generate_dataset(
+        "done_tracking", tmp_path / "dt.parquet", n_groups=10, distractors=(1, 5, 30), seed=4
+    )
     model, _ = resolve_model("default")
     one = extract_features(model, load(data), prefill, batch_size=16)
     spawn_local(_extract, 2, str(data), prefill, str(tmp_path))
@@ -180,12 +181,31 @@ def test_torchrun_runs_the_train_command(tmp_path):
 
     out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "cli", "train", "--config", "tiny", "--set", "steps=6", "--set",
-         "run.eval_every=1000", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "cli",
+            "train",
+            "--config",
+            "tiny",
+            "--set",
+            "steps=6",
+            "--set",
+            "run.eval_every=1000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])},
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("trained 6/6 steps") == 1  # rank 0 reports, once
     m = json.loads((out / "metrics.json").read_text())

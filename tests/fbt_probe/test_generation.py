@@ -52,8 +52,14 @@ def test_decoding_with_no_intervention_equals_generate(model, prompts, mode):
 def test_a_state_interchange_at_step_s_changes_nothing_before_s(model, prompts, mode, s):
     p, _ = prompts
     clean = decode(model, p, mode, STEPS, keep_logits=True)
-    hit = decode(model, p, mode, STEPS, keep_logits=True,
-                 fwd_hooks=[("fusion.hook_state", at(noise, decode_steps=s))])  # fmt: skip
+    hit = decode(
+        model,
+        p,
+        mode,
+        STEPS,
+        keep_logits=True,
+        fwd_hooks=[("fusion.hook_state", at(noise, decode_steps=s))],
+    )
     assert torch.equal(hit.logits[:, :s], clean.logits[:, :s])
     assert torch.equal(hit.tokens[:, :s], clean.tokens[:, :s])
     assert not torch.allclose(hit.logits[:, s], clean.logits[:, s])  # the hook did act at s
@@ -62,8 +68,14 @@ def test_a_state_interchange_at_step_s_changes_nothing_before_s(model, prompts, 
 def test_under_standard_decoding_a_state_interchange_changes_nothing(model, prompts):
     p, q = prompts
     clean = decode(model, p, "standard", STEPS, keep_logits=True)
-    hit = decode(model, p, "standard", STEPS, keep_logits=True,
-                 fwd_hooks=[("fusion.hook_state", at(noise, decode_steps=range(1, STEPS)))])  # fmt: skip
+    hit = decode(
+        model,
+        p,
+        "standard",
+        STEPS,
+        keep_logits=True,
+        fwd_hooks=[("fusion.hook_state", at(noise, decode_steps=range(1, STEPS)))],
+    )
     assert torch.equal(hit.logits, clean.logits)
     r = closed_loop(model, p, q, "standard", STEPS, kinds=("state",))
     for s in r.steps:

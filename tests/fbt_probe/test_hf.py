@@ -110,8 +110,13 @@ def test_kv_cached_decoding_equals_recomputation(model, mode):
 @torch.no_grad()
 def test_per_pass_caches_do_not_overwrite_each_other(model):
     t = toks()
-    names = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_post",
-             "ln_final.hook_normalized", "fusion.hook_fused"]  # fmt: skip
+    names = [
+        "hook_embed",
+        "blocks.0.hook_resid_pre",
+        "blocks.1.hook_resid_post",
+        "ln_final.hook_normalized",
+        "fusion.hook_fused",
+    ]
     out, caches = model.run_with_pass_caches(t, passes=3, names_filter=names)
     assert len(caches) == 3 and "fusion.hook_fused" not in caches.of_pass(1)
     for k in range(3):
@@ -225,16 +230,18 @@ def test_a_hugging_face_run_from_depth_d_equals_the_whole_stacks_run(model, pass
     assert model.skips_layers and c.resid is not None
     for d in range(1, model.cfg.n_layers):
         for start in (0, 4):
-            torch.testing.assert_close(patched_run(model, c, start, [], from_layer=d),
-                                       c.logits[:, start:], **TOL)  # fmt: skip
+            torch.testing.assert_close(
+                patched_run(model, c, start, [], from_layer=d), c.logits[:, start:], **TOL
+            )
     # a patch at block d's input, run from d, equals the same patch run from layer 0
     d, name = 1, "blocks.1.hook_resid_pre"
     other = clean_run(model, toks(B=3, T=11, seed=5), Prefill(passes), keep_cache=False)
     mask = torch.zeros_like(t, dtype=torch.bool)
     mask[:, 10] = True
     patch = [(name, replace_where(mask, torch.randn(3, 11, model.cfg.d_model)))]
-    torch.testing.assert_close(patched_run(model, c, 10, patch, from_layer=d),
-                               patched_run(model, c, 10, patch), **TOL)  # fmt: skip
+    torch.testing.assert_close(
+        patched_run(model, c, 10, patch, from_layer=d), patched_run(model, c, 10, patch), **TOL
+    )
     assert STATE_HOOK and (other.logits - c.logits).abs().max() > 0
 
 

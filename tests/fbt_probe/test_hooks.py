@@ -94,8 +94,9 @@ def test_recurrence_and_decoding_report_their_steps(model):
     ctx = []
 
     def record(t, hook):
-        ctx.append((hook.ctx["pass_number"], hook.ctx["step"], hook.ctx["first_position"],
-                    t.shape[1]))  # fmt: skip
+        ctx.append(
+            (hook.ctx["pass_number"], hook.ctx["step"], hook.ctx["first_position"], t.shape[1])
+        )
 
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
         run_recurrence(model, x)
@@ -165,5 +166,7 @@ def test_the_old_pass_numbering_fails_in_one_line_naming_the_new(model):
                 seen.append(str(e))
 
     model.run_with_hooks(tokens(), passes=1, fwd_hooks=[("blocks.0.hook_resid_pre", old_keys)])
-    assert seen == ["\"hook.ctx['pass'] is gone: read hook.ctx['pass_number'] (counted from 1: pass 1 is 1)\"",
-                    "\"hook.ctx['offset'] is gone: read hook.ctx['first_position']\""]  # fmt: skip
+    assert seen == [
+        "\"hook.ctx['pass'] is gone: read hook.ctx['pass_number'] (counted from 1: pass 1 is 1)\"",
+        "\"hook.ctx['offset'] is gone: read hook.ctx['first_position']\"",
+    ]

@@ -19,8 +19,14 @@ from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
 from tests.fbt_probe.test_upcycle import train as upcycle_train
 
 pytest.importorskip("peft")
-LORA = ["--set", "optim.learn=lora", "--set", "optim.lora_rank=4",
-        "--set", 'optim.lora_targets=["q_proj","v_proj","down_proj"]']  # fmt: skip
+LORA = [
+    "--set",
+    "optim.learn=lora",
+    "--set",
+    "optim.lora_rank=4",
+    "--set",
+    'optim.lora_targets=["q_proj","v_proj","down_proj"]',
+]
 
 
 def train(base, out, *more):
@@ -40,9 +46,15 @@ def run(tmp_path_factory):
 def test_the_adapter_and_fusion_learn_and_alone_are_saved(run):
     d, base, out = run
     folder = out / "model"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([
-        "fbt_probe_meta.json", "fusion.safetensors", "fusion_config.json",
-        ADAPTER_CONFIG, ADAPTER_WEIGHTS])  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [
+            "fbt_probe_meta.json",
+            "fusion.safetensors",
+            "fusion_config.json",
+            ADAPTER_CONFIG,
+            ADAPTER_WEIGHTS,
+        ]
+    )
     state = torch.load(out / "state.pt", weights_only=False)
     names = sorted(state["model"])
     assert names[:3] == ["fusion.W_G", "fusion.W_U", "fusion.norm.w"]
@@ -65,8 +77,9 @@ def test_peft_loads_the_adapter_with_fbt_probes_logits(run):
 
     d, base, out = run
     mine = load_hf(out / "model")  # the adapter merged into the stack's weights
-    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)),
-                                       str(out / "model")).eval()  # fmt: skip
+    theirs = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(base)), str(out / "model")
+    ).eval()
     plain = AutoModelForCausalLM.from_pretrained(str(base)).eval()
     ids = torch.tensor([mine.encoding.encode(ex).ids for ex in _examples()][:1])
     with torch.no_grad():
@@ -109,16 +122,30 @@ def test_a_damaged_adapter_is_refused_in_one_line(run, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(out / "model", bad)
     (bad / ADAPTER_WEIGHTS).write_bytes(b"not safetensors")
-    r = CliRunner().invoke(app, ["eval", "--model", str(bad), "--n-groups", "5",
-                                 "--task", "delayed_memory", "--modes", "fused"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(bad),
+            "--n-groups",
+            "5",
+            "--task",
+            "delayed_memory",
+            "--modes",
+            "fused",
+        ],
+    )
     assert r.exit_code != 0 and "Traceback" not in r.output
     assert str(bad / ADAPTER_WEIGHTS) in r.output and len(r.output.strip().splitlines()) == 1
 
 
 def test_lora_on_the_built_in_model_or_an_unknown_module_is_refused(run, tmp_path):
     d, base, out = run
-    r = CliRunner().invoke(app, ["train", "--config", "tiny", "--set", "optim.learn=lora",
-                                 "--out", str(tmp_path / "a")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        ["train", "--config", "tiny", "--set", "optim.learn=lora", "--out", str(tmp_path / "a")],
+    )
     assert r.exit_code != 0 and "init_from" in r.output and not (tmp_path / "a").exists()
     r = train(base, tmp_path / "b", "--set", 'optim.lora_targets=["nope_proj"]')
     assert r.exit_code != 0 and "optim.lora_targets: nope_proj" in r.output
@@ -162,8 +189,9 @@ def test_the_shipped_adapter_loads_with_peft_on_the_real_model(tmp_path):
     convert("smollm2", base, progress=lambda *_: None)
     shutil.copytree(DEFAULTS / "smollm2-lora", tmp_path / "smollm2-lora")
     mine = load_hf(tmp_path / "smollm2-lora")
-    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)),
-                                       str(tmp_path / "smollm2-lora")).eval()  # fmt: skip
+    theirs = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(base)), str(tmp_path / "smollm2-lora")
+    ).eval()
     ids = torch.tensor([mine.encoding.encode(_examples()[0]).ids])
     with torch.no_grad():
         a = mine(ids, passes=1).logits

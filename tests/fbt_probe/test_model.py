@@ -126,8 +126,9 @@ def test_smeared_keys_keep_the_seeds_other_weights_and_change_the_output():
     assert all(torch.equal(sd[f"blocks.{i}.attn.smear"], torch.zeros(4)) for i in range(2))
     t = toks()
     out = smeared(t, passes=1)
-    torch.testing.assert_close(out.states, reference_stack(smeared, reference_embed(smeared, t)),
-                               **TOL)  # fmt: skip
+    torch.testing.assert_close(
+        out.states, reference_stack(smeared, reference_embed(smeared, t)), **TOL
+    )
     assert (out.states - plain(t, passes=1).states).abs().max() > 1e-3
     spread = FBTModel(build_cfg(smear_keys=True, smear_spread=2.0), seed=3)
     torch.testing.assert_close(
@@ -249,8 +250,9 @@ def test_position_cache_equals_full_cache_slice(model):
                 )
     assert small.of_pass(1)["blocks.0.hook_resid_pre"].shape == (4, 32)
     # the last pass alone (what a many-pass probe keeps): the same tensors, one cache
-    out, last = model.run_with_pass_caches(t, passes=3, names_filter=names, positions=pos,
-                                           last_only=True)  # fmt: skip
+    out, last = model.run_with_pass_caches(
+        t, passes=3, names_filter=names, positions=pos, last_only=True
+    )
     assert len(last) == 1 and len(out.passes) == 1 and list(last.passes) == [3]
     assert set(last.of_pass(3).keys()) == set(small.of_pass(3).keys())
     with pytest.raises(

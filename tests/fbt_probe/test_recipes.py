@@ -82,7 +82,7 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
             "model": {"smear_keys": True},
             "objective": {"prefix_mixin": False},
             "schedule": sched,
-        }  # fmt: skip
+        }
     )
     s = cfg.schedule
     at = lambda f: plan_at(s, f)  # noqa: E731
@@ -123,7 +123,7 @@ def test_soft_and_smear_ramp_and_the_soft_share_plains_whole_prompts():
             [
                 {"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8, "smear": 0.0},
                 {"until": 1.0, "smear": 0.5, "ramp": ["smear"]},
-            ],  # fmt: skip
+            ],
             "smear must end at 1",
         ),
         ([{"until": 0.5, "tasks": T3, "passes": [1], "n_max": 8}], "last phase must end at 1"),
@@ -267,8 +267,10 @@ def test_builtin_recipes_and_the_neutral_code_defaults():
     # the design comparison: one schedule, seed and budget; only the feedback differs
     designs = {n: named_config(n).to_dict() for n in recipe_names() if n.startswith("design-")}
     feedback = ("fusion", "feedback_source", "feedback_target")
-    rest = [{**d, "name": "", "model": {k: v for k, v in d["model"].items() if k not in feedback}}
-            for d in designs.values()]  # fmt: skip
+    rest = [
+        {**d, "name": "", "model": {k: v for k, v in d["model"].items() if k not in feedback}}
+        for d in designs.values()
+    ]
     assert all(r == rest[0] for r in rest) and designs["design-paper"]["steps"] == 600
     assert len({tuple(d["model"][k] for k in feedback) for d in designs.values()}) == 6
     # the code defaults: the paper's objective, one phase, no tuned mechanism

@@ -19,13 +19,33 @@ from fbt_probe.hf.tiny import bpe_tokenizer, model_folder
 from fbt_probe.train.recipes import named_config
 
 pytest.importorskip("transformers")
-SHORT = ["--set", "steps=12", "--set", "data.batch_size=4", "--set", "run.eval_examples=4",
-         "--set", "run.checkpoint_every=6"]  # fmt: skip
+SHORT = [
+    "--set",
+    "steps=12",
+    "--set",
+    "data.batch_size=4",
+    "--set",
+    "run.eval_examples=4",
+    "--set",
+    "run.checkpoint_every=6",
+]
 
 
 def train(base, out, *more):
-    return CliRunner().invoke(app, ["train", "--init-from", str(base), "--config", "upcycle-smollm2",
-                                    *SHORT, "--out", str(out), *more])  # fmt: skip
+    return CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--init-from",
+            str(base),
+            "--config",
+            "upcycle-smollm2",
+            *SHORT,
+            "--out",
+            str(out),
+            *more,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +61,10 @@ def test_only_the_fusion_learns_and_the_folder_names_its_base(run):
     d, base, out = run
     folder = out / "model"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "fbt_probe_meta.json", "fusion.safetensors", "fusion_config.json"]  # fmt: skip
+        "fbt_probe_meta.json",
+        "fusion.safetensors",
+        "fusion_config.json",
+    ]
     rec = json.loads((folder / FUSION_CONFIG).read_text())["base"]
     assert rec["path"] == str(base)
     start, trained = load_hf(base), load_hf(folder)
@@ -67,8 +90,20 @@ def test_a_run_in_parts_ends_where_one_run_does(run, tmp_path):
 
 def test_the_fusion_folder_is_a_model_every_command_reads(run):
     d, base, out = run
-    r = CliRunner().invoke(app, ["eval", "--model", str(out / "model"), "--n-groups", "5",
-                                 "--task", "delayed_memory", "--modes", "standard,fused"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(out / "model"),
+            "--n-groups",
+            "5",
+            "--task",
+            "delayed_memory",
+            "--modes",
+            "standard,fused",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 

@@ -35,8 +35,12 @@ class CountOptions:
 def count_run(options: CountOptions, progress=None) -> Result:
     """The toy's work: prompt lengths by distractor count, a table and a bar chart."""
     examples = get_task(options.task).generate(options.groups, (1, 4), seed=0)
-    df = pd.DataFrame({"distractors": [e.n_distractors for e in examples],
-                       "length": [len(e.prompt) for e in examples]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "distractors": [e.n_distractors for e in examples],
+            "length": [len(e.prompt) for e in examples],
+        }
+    )
     table = df.groupby("distractors", as_index=False).length.mean()
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,15 +69,28 @@ def count_section(results: Path) -> list:
     rows = [f"| {r.distractors} | {r.length:.1f} |" for r in table.itertuples()]
     png = results / "count" / "count_lengths.png"
     heat = '<table class="toy-heat"><tr><td>toy</td></tr></table>'
-    return ["## Prompt lengths (`fbt-probe count`)", "", "| distractors | mean length |",
-            "|---|---|", *rows, "", Figure(png, (heat,))]  # fmt: skip
+    return [
+        "## Prompt lengths (`fbt-probe count`)",
+        "",
+        "| distractors | mean length |",
+        "|---|---|",
+        *rows,
+        "",
+        Figure(png, (heat,)),
+    ]
 
 
-TOY = Analysis(name="count", options=CountOptions, run=count_run,
-               help="Count the prompts' tokens by distractor count (a toy analysis).",
-               example="fbt-probe count --task done_tracking", folder="count",
-               section=count_section, figures=count_figures,
-               reproduce={"task": "done_tracking", "groups": 3})  # fmt: skip
+TOY = Analysis(
+    name="count",
+    options=CountOptions,
+    run=count_run,
+    help="Count the prompts' tokens by distractor count (a toy analysis).",
+    example="fbt-probe count --task done_tracking",
+    folder="count",
+    section=count_section,
+    figures=count_figures,
+    reproduce={"task": "done_tracking", "groups": 3},
+)
 
 
 @pytest.fixture

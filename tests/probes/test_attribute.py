@@ -18,15 +18,17 @@ from tasks.generate import generate_dataset
 @pytest.fixture(scope="module")
 def dm(tmp_path_factory):
     path = tmp_path_factory.mktemp("d") / "dm.parquet"
-    return generate_dataset("delayed_memory", path, n_groups=6, distractors=(1, 5), seed=3,
-                            twins=True)  # fmt: skip
+    return generate_dataset(
+        "delayed_memory", path, n_groups=6, distractors=(1, 5), seed=3, twins=True
+    )
 
 
 @pytest.fixture(scope="module")
 def attributed(dm, tmp_path_factory):
     out = tmp_path_factory.mktemp("a") / "attr"
-    r = CliRunner().invoke(app, ["attribute", "--data", str(dm), "--out", str(out), "--check",
-                                 "all"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["attribute", "--data", str(dm), "--out", str(out), "--check", "all"]
+    )
     assert r.exit_code == 0, r.output
     return out, r.output
 
@@ -34,8 +36,20 @@ def attributed(dm, tmp_path_factory):
 def test_attribute_writes_patch_columns_edges_agreement_and_figures(attributed):
     out, output = attributed
     df = pd.read_csv(out / "attribution.csv")
-    patch_cols = ["task", "prefill", "pass", "intervention", "site", "positions", "alpha",
-                  "metric", "value", "ci_low", "ci_high", "n"]  # fmt: skip
+    patch_cols = [
+        "task",
+        "prefill",
+        "pass",
+        "intervention",
+        "site",
+        "positions",
+        "alpha",
+        "metric",
+        "value",
+        "ci_low",
+        "ci_high",
+        "n",
+    ]
     assert list(df.columns[: len(patch_cols)]) == patch_cols
     assert {"linear", "exact", "exact_ci_low", "exact_ci_high"} <= set(df.columns)
     assert set(df.intervention) == {"patch_resid", "patch_head", "patch_state", "patch_path"}
@@ -57,9 +71,20 @@ def test_attribute_writes_patch_columns_edges_agreement_and_figures(attributed):
 def test_the_exact_check_is_fbt_probe_patch_on_the_same_sites(attributed, dm, tmp_path):
     out, _ = attributed
     for pass_number in (1, 2):
-        r = CliRunner().invoke(app, ["patch", "--data", str(dm), "--out",
-                                     str(tmp_path / f"p{pass_number}"), "--depths", "all",
-                                     "--pass", str(pass_number)])  # fmt: skip
+        r = CliRunner().invoke(
+            app,
+            [
+                "patch",
+                "--data",
+                str(dm),
+                "--out",
+                str(tmp_path / f"p{pass_number}"),
+                "--depths",
+                "all",
+                "--pass",
+                str(pass_number),
+            ],
+        )
         assert r.exit_code == 0, r.output
         p = pd.read_csv(tmp_path / f"p{pass_number}" / "patch.csv")
         p = p[p.metric == "logit_diff"]
@@ -81,12 +106,33 @@ def test_the_exact_check_is_fbt_probe_patch_on_the_same_sites(attributed, dm, tm
 
 def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
     data = tmp_path / "dm.parquet"
-    generate_dataset("delayed_memory", data, n_groups=4, distractors=(1, 3), seed=2, twins=True,
-                     tokenizer=tiny_llama)  # fmt: skip
+    generate_dataset(
+        "delayed_memory",
+        data,
+        n_groups=4,
+        distractors=(1, 3),
+        seed=2,
+        twins=True,
+        tokenizer=tiny_llama,
+    )
     for prefill in ("recurrent", "full"):
         out = tmp_path / prefill
-        r = CliRunner().invoke(app, ["attribute", "--model", str(tiny_llama), "--data", str(data),
-                                     "--out", str(out), "--prefill", prefill, "--check", "6"])  # fmt: skip
+        r = CliRunner().invoke(
+            app,
+            [
+                "attribute",
+                "--model",
+                str(tiny_llama),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--prefill",
+                prefill,
+                "--check",
+                "6",
+            ],
+        )
         assert r.exit_code == 0, r.output
         df = pd.read_csv(out / "attribution.csv")
         assert df.exact.notna().sum() == 6
@@ -96,8 +142,13 @@ def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
     from probes import run_attribute
 
     seen = []
-    result = run_attribute(str(tiny_llama), data=data, out=tmp_path / "lib", check="2",
-                           progress=lambda i, n, what: seen.append((i, n, what)))  # fmt: skip
+    result = run_attribute(
+        str(tiny_llama),
+        data=data,
+        out=tmp_path / "lib",
+        check="2",
+        progress=lambda i, n, what: seen.append((i, n, what)),
+    )
     assert set(result.tables) == {"attribution", "edges"}
     sweep = [s for s in seen if s[2].endswith("attribution")]
     exact = [s for s in seen if "exact check of 2 sites" in s[2]]
@@ -106,14 +157,17 @@ def test_attribute_on_a_hugging_face_model_with_edges(tiny_llama, tmp_path):
     assert exact[0][1] == 2 * sweep[-1][1]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, state, path"),
-    (["--kinds", "resid,resid"], "error: --kinds 'resid,resid': resid is named twice"),
-    (["--check", "some"], "error: --check 'some': give a number of sites"),
-    (["--edges", "yes"], "error: --edges 'yes': choose on, off or auto"),
-    (["--prefill", "k0"], "error: "),
-    (["--task", "nope"], "error: "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, state, path"),
+        (["--kinds", "resid,resid"], "error: --kinds 'resid,resid': resid is named twice"),
+        (["--check", "some"], "error: --check 'some': give a number of sites"),
+        (["--edges", "yes"], "error: --edges 'yes': choose on, off or auto"),
+        (["--prefill", "k0"], "error: "),
+        (["--task", "nope"], "error: "),
+    ],
+)
 def test_attribute_refuses_bad_input_in_one_line_before_any_work(tmp_path, args, message):
     r = CliRunner().invoke(app, ["attribute", "--out", str(tmp_path / "a"), *args])
     assert r.exit_code != 0 and r.output.startswith(message), r.output
@@ -129,8 +183,16 @@ def test_agreement_counts_a_tie_with_the_kth_exact_effect_as_a_hit():
     # tied ones are hits whichever four of the tie an exact top 6 would list
     exact = [0.0] * 8 + [0.99, 0.98, 0.97, 0.96]
     value = [0.5, 0.5, 0.5, 0.5, 0.1, 0.1, 0.1, 0.1, 0.2, 0.2, 0.9, 0.95]
-    df = pd.DataFrame({"pass": 2, "intervention": "patch_resid", "site": [f"s{i}" for i in range(12)],
-                       "positions": "all", "value": value, "exact": exact})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "pass": 2,
+            "intervention": "patch_resid",
+            "site": [f"s{i}" for i in range(12)],
+            "positions": "all",
+            "value": value,
+            "exact": exact,
+        }
+    )
     ag = agreement(df)["resid_head"]
     assert ag["top_k"] == 6 and ag["top_k_recall"] == pytest.approx(4 / 6)
     assert ag["misses"][0]["site"] == "s8" and ag["hidden"] == 0  # effect 0.8 estimated, 0.01

@@ -17,8 +17,14 @@ import pytest
 
 # a root user's Chromium needs --no-sandbox; the rest keep it from reaching for a network
 # this machine does not have (Google's update, sync and component services)
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def chromium() -> str | None:

@@ -66,13 +66,21 @@ def _damage(kind, entry):
         rec_path.write_text(json.dumps(rec))
 
 
-KINDS = ["truncated", "float64", "inner shape", "rows", "nan", "changed values", "no record",
-         "bad record", "other inputs"]  # fmt: skip
+KINDS = [
+    "truncated",
+    "float64",
+    "inner shape",
+    "rows",
+    "nan",
+    "changed values",
+    "no record",
+    "bad record",
+    "other inputs",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_damaged_entry_is_discarded_with_one_line_and_recomputed(setup, tmp_path, kind,
-                                                                   capfd):  # fmt: skip
+def test_a_damaged_entry_is_discarded_with_one_line_and_recomputed(setup, tmp_path, kind, capfd):
     model, ds, *_ = setup
     fresh, hit = extract_cached(model, ds, "recurrent", tmp_path)
     assert not hit

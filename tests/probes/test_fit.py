@@ -240,8 +240,9 @@ def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setu
     out = tmp_path / "res"
     args = ["fit", "--model", str(root / "m"), "--data", str(root / "delayed_memory.parquet")]
     # three folds: each cell fits the MLP 15 times (3 x (2 values of reg x 2 inner folds + 1))
-    r = CliRunner().invoke(app, [*args, "--out", str(out), "--probe", "mlp", "-p", "recurrent",
-                                 "--folds", "3"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, [*args, "--out", str(out), "--probe", "mlp", "-p", "recurrent", "--folds", "3"]
+    )
     assert r.exit_code == 0, r.output
     df = load_results(out)
     assert set(df.probe) == {"mlp"} and set(df.site) == {"resid"}

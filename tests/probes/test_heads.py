@@ -145,8 +145,9 @@ def test_a_hugging_face_pattern_in_pass_2_is_the_models_own_on_the_fused_input(h
         lambda mod, args, kwargs: inputs.append(kwargs["inputs_embeds"]), with_kwargs=True
     )
     try:
-        _, caches = model.run_with_pass_caches(toks, passes=2,
-                                               names_filter="blocks.1.attn.hook_pattern")  # fmt: skip
+        _, caches = model.run_with_pass_caches(
+            toks, passes=2, names_filter="blocks.1.attn.hook_pattern"
+        )
     finally:
         h.remove()
     fused = inputs[1]
@@ -182,8 +183,9 @@ def hf_dm(tmp_path_factory):
     root = tmp_path_factory.mktemp("hfdm")
     folder = model_folder(root / "llama", "llama")
     data = root / "dm.parquet"
-    generate_dataset("delayed_memory", data, n_groups=6, distractors=(1, 4), seed=2, twins=True,
-                     tokenizer=folder)  # fmt: skip
+    generate_dataset(
+        "delayed_memory", data, n_groups=6, distractors=(1, 4), seed=2, twins=True, tokenizer=folder
+    )
     return folder, data
 
 
@@ -204,8 +206,10 @@ def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_f
     t = torch.arange(b.tokens.shape[1])[None]
     after = (t <= b.answer[:, None]) & (t >= b.label_pos[:, None])
     start = int(b.label_pos.min())
-    heads = [("blocks.1.attn.hook_z", head_hook(h, after, acts["blocks.1.attn.hook_z"]))
-             for h in range(model.n_heads)]  # fmt: skip
+    heads = [
+        ("blocks.1.attn.hook_z", head_hook(h, after, acts["blocks.1.attn.hook_z"]))
+        for h in range(model.n_heads)
+    ]
     a = answer_logits(patched_output(model, b.clean, start, heads), b, start)
     # the reference: the twin's input of o_proj put in by a plain PyTorch hook
     twin_in = acts["blocks.1.attn.hook_z"].flatten(2)
@@ -253,28 +257,46 @@ def test_heads_command_on_the_default_model(tmp_path):
 
 def test_heads_and_patch_commands_on_a_hugging_face_model(hf_dm, tmp_path):
     folder, data = hf_dm
-    r = CliRunner().invoke(app, ["heads", "--model", str(folder), "--data", str(data),
-                                 "--out", str(tmp_path / "h"), "--prefill", "k3"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "heads",
+            "--model",
+            str(folder),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "h"),
+            "--prefill",
+            "k3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "h" / "heads.csv")
     assert sorted(set(df["pass"])) == [1, 2, 3] and len(set(df["head"])) == 4
-    r = CliRunner().invoke(app, ["patch", "--model", str(folder), "--data", str(data),
-                                 "--out", str(tmp_path / "p")])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["patch", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "p")]
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "p" / "patch.csv")
     paths = df[(df.intervention == "patch_path") & (df.metric == "logit_diff")]
     # 4 query heads, 2 key-value heads (grouped-query attention)
     assert paths.groupby("site").size().to_dict() == {
-        "blocks.0.attn.hook_q": 4, "blocks.0.attn.hook_k": 2, "blocks.0.attn.hook_v": 2,
-    }  # fmt: skip
+        "blocks.0.attn.hook_q": 4,
+        "blocks.0.attn.hook_k": 2,
+        "blocks.0.attn.hook_v": 2,
+    }
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
-    (["--prefill", "k17"], "error: --prefill k17: this command reads k1 to k16"),
-    (["--passes", "3"], "error: --passes is gone: use --prefill k3"),
-    (["--task", "nope"], "error: --task: unknown task"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
+        (["--prefill", "k17"], "error: --prefill k17: this command reads k1 to k16"),
+        (["--passes", "3"], "error: --passes is gone: use --prefill k3"),
+        (["--task", "nope"], "error: --task: unknown task"),
+    ],
+)
 def test_heads_refuses_bad_input_in_one_line(tmp_path, args, message):
     r = CliRunner().invoke(app, ["heads", "--out", str(tmp_path / "h"), *args])
     assert r.exit_code == 1 and r.output.startswith(message), r.output

@@ -48,8 +48,18 @@ def test_a_bpe_tokenizer_locates_the_colon_and_each_labels_first_token(task):
 
 def test_labels_whose_first_tokens_collide_are_refused(tmp_path):
     folder = model_folder(tmp_path / "m", "llama", bpe_tokenizer(size=258))  # bytes, no merges
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--tokenizer",
-                                 str(folder), "--out", str(tmp_path / "d.parquet")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            "delayed_memory",
+            "--tokenizer",
+            str(folder),
+            "--out",
+            str(tmp_path / "d.parquet"),
+        ],
+    )
     assert r.exit_code == 1 and "start with the same token" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "d.parquet").exists()
 
@@ -62,8 +72,22 @@ def llama(tmp_path_factory):
 def test_a_dataset_records_its_tokenizer_and_is_never_read_with_another(llama, tmp_path):
     run = CliRunner()
     data = tmp_path / "dm.parquet"
-    r = run.invoke(app, ["generate", "--task", "delayed_memory", "--tokenizer", str(llama),
-                         "--n-groups", "8", "--distractors", "0-3", "--out", str(data)])  # fmt: skip
+    r = run.invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            "delayed_memory",
+            "--tokenizer",
+            str(llama),
+            "--n-groups",
+            "8",
+            "--distractors",
+            "0-3",
+            "--out",
+            str(data),
+        ],
+    )
     assert r.exit_code == 0, r.output
     ds = load(data)
     enc = TokenizerEncoding.from_folder(llama)
@@ -98,11 +122,39 @@ def test_generate_fit_plot_end_to_end(family, tmp_path, monkeypatch):
     folder = model_folder(tmp_path / family, family, bpe_tokenizer())
     run = CliRunner()
     data = tmp_path / "dt.parquet"
-    r = run.invoke(app, ["generate", "--task", "done_tracking", "--tokenizer", str(folder),
-                         "--n-groups", "24", "--distractors", "0,2,4", "--out", str(data)])  # fmt: skip
+    r = run.invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            "done_tracking",
+            "--tokenizer",
+            str(folder),
+            "--n-groups",
+            "24",
+            "--distractors",
+            "0,2,4",
+            "--out",
+            str(data),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    r = run.invoke(app, ["fit", "--model", str(folder), "--data", str(data), "--out", "res",
-                         "--prefill", "standard,recurrent", "--folds", "3"])  # fmt: skip
+    r = run.invoke(
+        app,
+        [
+            "fit",
+            "--model",
+            str(folder),
+            "--data",
+            str(data),
+            "--out",
+            "res",
+            "--prefill",
+            "standard,recurrent",
+            "--folds",
+            "3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "res" / "probe_results.json").read_text())
     rows = res["rows"] if isinstance(res, dict) and "rows" in res else res
@@ -125,8 +177,22 @@ def test_eval_and_stability_on_a_model_folder(llama, tmp_path):
     summary = json.loads(r.output.strip().splitlines()[-1])
     assert set(summary) == {"delayed_memory", "done_tracking", "multi_register"}
     assert all(0 <= row["1-256"] <= 1 for by in summary.values() for row in by.values())
-    r = run.invoke(app, ["stability", "--model", str(llama), "--prefill", "k3", "--task",
-                         "delayed_memory", "--decode-tokens", "20", "--out", str(tmp_path / "st")])  # fmt: skip
+    r = run.invoke(
+        app,
+        [
+            "stability",
+            "--model",
+            str(llama),
+            "--prefill",
+            "k3",
+            "--task",
+            "delayed_memory",
+            "--decode-tokens",
+            "20",
+            "--out",
+            str(tmp_path / "st"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "st" / "stability.csv").is_file()
 
@@ -146,8 +212,9 @@ def _multipass_loss(folder, passes=2):
     from fbt_probe.train.recipes import named_config
 
     m = load_hf(folder)
-    b = heldout_batch(("delayed_memory", "done_tracking"), n_groups=4, distractors=(1, 4, 16),
-                      encoding=m.encoding)  # fmt: skip
+    b = heldout_batch(
+        ("delayed_memory", "done_tracking"), n_groups=4, distractors=(1, 4, 16), encoding=m.encoding
+    )
     from fbt_probe.train.steps import TrainBatch
 
     batch = TrainBatch(b.tokens, b.targets, b.answer, b.valid.sum(1), b.valid.sum(1), [])
@@ -157,18 +224,47 @@ def _multipass_loss(folder, passes=2):
 
 
 def test_train_init_from_a_llama_folder_lowers_the_multipass_loss(llama, tmp_path):
-    r = CliRunner().invoke(app, ["train", "--init-from", str(llama), "--config", "tiny",
-                                 "--set", "steps=30", "--out", str(tmp_path / "run")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--init-from",
+            str(llama),
+            "--config",
+            "tiny",
+            "--set",
+            "steps=30",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = tmp_path / "run" / "model"
-    for f in ("config.json", "model.safetensors", "fusion.safetensors", "fusion_config.json",
-              "tokenizer.json"):  # fmt: skip
+    for f in (
+        "config.json",
+        "model.safetensors",
+        "fusion.safetensors",
+        "fusion_config.json",
+        "tokenizer.json",
+    ):
         assert (out / f).is_file(), f
     before, after = _multipass_loss(llama), _multipass_loss(out)
     assert after < 0.95 * before, (before, after)  # 4.27 -> 3.85 when written
     # the run folder is a model every command accepts
-    r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--n-groups", "5",
-                                 "--task", "delayed_memory", "--modes", "standard,soft"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "run"),
+            "--n-groups",
+            "5",
+            "--task",
+            "delayed_memory",
+            "--modes",
+            "standard,soft",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -182,10 +278,20 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
     from tasks.generate import generate_dataset
     from tests.oracle import interpret
 
-    path = generate_dataset(task, tmp_path / "t.parquet", n_groups=12, distractors=(1, 5),
-                            seed=3, twins=True, tokenizer=llama_bpe)  # fmt: skip
-    words = load(generate_dataset(task, tmp_path / "w.parquet", n_groups=12,
-                                  distractors=(1, 5), seed=3, twins=True))  # fmt: skip
+    path = generate_dataset(
+        task,
+        tmp_path / "t.parquet",
+        n_groups=12,
+        distractors=(1, 5),
+        seed=3,
+        twins=True,
+        tokenizer=llama_bpe,
+    )
+    words = load(
+        generate_dataset(
+            task, tmp_path / "w.parquet", n_groups=12, distractors=(1, 5), seed=3, twins=True
+        )
+    )
     ds, enc = load(path), TokenizerEncoding.from_folder(llama_bpe)
     kept = np.flatnonzero(ds.twin_target >= 0)
     assert 0 < len(kept) <= int((words.twin_target >= 0).sum())
@@ -213,8 +319,15 @@ def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(lla
 
     UNDIRECTED = tuple(k for k, v in REGISTRY.items() if not v.directions)
     m = load_hf(llama, fusion="none")
-    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
-                            distractors=(2, 6), seed=11, twins=True, tokenizer=llama)  # fmt: skip
+    path = generate_dataset(
+        "delayed_memory",
+        tmp_path / "dm.parquet",
+        n_groups=8,
+        distractors=(2, 6),
+        seed=11,
+        twins=True,
+        tokenizer=llama,
+    )
     rec, _, _ = run_battery(m, load(path), "full", cache_dir=None, kinds=UNDIRECTED)
     c, f, ld = rec.hits[Key("clean", "", "")]
     state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
@@ -235,13 +348,40 @@ def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "dm.parquet"
-    r = CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--twins", "--tokenizer",
-                                 str(llama_bpe), "--n-groups", "10", "--distractors", "1,4",
-                                 "--out", str(data)])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            "delayed_memory",
+            "--twins",
+            "--tokenizer",
+            str(llama_bpe),
+            "--n-groups",
+            "10",
+            "--distractors",
+            "1,4",
+            "--out",
+            str(data),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_bpe), "--task",
-                                 "delayed_memory", "--prefill", "recurrent", "--data", str(data),
-                                 "--out", "iv"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "intervene",
+            "--model",
+            str(llama_bpe),
+            "--task",
+            "delayed_memory",
+            "--prefill",
+            "recurrent",
+            "--data",
+            str(data),
+            "--out",
+            "iv",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "iv" / "interventions.csv")
     assert set(df.intervention) == set(INTERVENTIONS)
@@ -252,10 +392,24 @@ def test_intervene_on_a_bpe_model_folder(llama_bpe, tmp_path, monkeypatch):
     assert (tmp_path / "iv" / "figures").is_dir()
     # a word dataset is refused for it, in one line, before any work
     words = tmp_path / "w.parquet"
-    CliRunner().invoke(app, ["generate", "--task", "delayed_memory", "--twins", "--n-groups", "6",
-                             "--out", str(words)])  # fmt: skip
-    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_bpe), "--task",
-                                 "delayed_memory", "--data", str(words), "--out", "iv2"])  # fmt: skip
+    CliRunner().invoke(
+        app,
+        ["generate", "--task", "delayed_memory", "--twins", "--n-groups", "6", "--out", str(words)],
+    )
+    r = CliRunner().invoke(
+        app,
+        [
+            "intervene",
+            "--model",
+            str(llama_bpe),
+            "--task",
+            "delayed_memory",
+            "--data",
+            str(words),
+            "--out",
+            "iv2",
+        ],
+    )
     assert r.exit_code == 1 and "built-in word vocabulary" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv2").exists()
 
@@ -268,8 +422,14 @@ def split_label_tokenizer():
 
     from tasks import vocab
 
-    words = ["<unk>", *(w for w in vocab.TOKENS if w not in ("ZERO", "V3")), "ZE", "##RO", "V",
-             "##3"]  # fmt: skip
+    words = [
+        "<unk>",
+        *(w for w in vocab.TOKENS if w not in ("ZERO", "V3")),
+        "ZE",
+        "##RO",
+        "V",
+        "##3",
+    ]
     tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(cleanup=False)
@@ -278,8 +438,9 @@ def split_label_tokenizer():
 
 @pytest.fixture(scope="module")
 def llama_split(tmp_path_factory):
-    return model_folder(tmp_path_factory.mktemp("hf") / "llama-split", "llama",
-                        split_label_tokenizer())  # fmt: skip
+    return model_folder(
+        tmp_path_factory.mktemp("hf") / "llama-split", "llama", split_label_tokenizer()
+    )
 
 
 @pytest.mark.parametrize("task", ["delayed_memory", "multi_register"])
@@ -287,10 +448,20 @@ def test_a_label_word_of_another_length_makes_a_shifted_twin(llama_split, tmp_pa
     from tasks.generate import generate_dataset
     from tests.oracle import interpret
 
-    path = generate_dataset(task, tmp_path / "t.parquet", n_groups=12, distractors=(1, 5),
-                            seed=3, twins=True, tokenizer=llama_split)  # fmt: skip
-    words = load(generate_dataset(task, tmp_path / "w.parquet", n_groups=12,
-                                  distractors=(1, 5), seed=3, twins=True))  # fmt: skip
+    path = generate_dataset(
+        task,
+        tmp_path / "t.parquet",
+        n_groups=12,
+        distractors=(1, 5),
+        seed=3,
+        twins=True,
+        tokenizer=llama_split,
+    )
+    words = load(
+        generate_dataset(
+            task, tmp_path / "w.parquet", n_groups=12, distractors=(1, 5), seed=3, twins=True
+        )
+    )
     ds, enc = load(path), TokenizerEncoding.from_folder(llama_split)
     # no twin is lost: each one the words have is kept, aligned or shifted
     assert (ds.twin_target >= 0).tolist() == (words.twin_target >= 0).tolist()
@@ -319,8 +490,17 @@ def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split
 
     m = load_hf(llama_split)
     kinds = ("self", "interchange_token", "interchange_state")
-    dm = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
-                               distractors=(2, 6), seed=11, twins=True, tokenizer=llama_split))  # fmt: skip
+    dm = load(
+        generate_dataset(
+            "delayed_memory",
+            tmp_path / "dm.parquet",
+            n_groups=8,
+            distractors=(2, 6),
+            seed=11,
+            twins=True,
+            tokenizer=llama_split,
+        )
+    )
     rec, pairs, info = run_battery(m, dm, "standard", cache_dir=None, kinds=kinds)
     assert info["n_shifted"] == info["n_pairs"] == len(pairs) == 16
     # where only the label's tokens differ, swapping them in is running the twin
@@ -331,14 +511,36 @@ def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split
     np.testing.assert_allclose(self_ld, rec.hits[Key("clean", "", "")][2], atol=1e-4)
     with pytest.raises(ValueError, match="another number of tokens.*--prefill standard"):
         run_battery(m, dm, "recurrent", cache_dir=None, kinds=kinds)
-    r = CliRunner().invoke(app, ["intervene", "--model", str(llama_split), "--task",
-                                 "delayed_memory", "--prefill", "recurrent", "--data",
-                                 str(tmp_path / "dm.parquet"), "--out", str(tmp_path / "iv")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "intervene",
+            "--model",
+            str(llama_split),
+            "--task",
+            "delayed_memory",
+            "--prefill",
+            "recurrent",
+            "--data",
+            str(tmp_path / "dm.parquet"),
+            "--out",
+            str(tmp_path / "iv"),
+        ],
+    )
     assert r.exit_code == 1 and "another number of tokens" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "iv").exists()
     # a mix: under feedback only the aligned twins are run, and the swap is a real patch
-    mr = load(generate_dataset("multi_register", tmp_path / "mr.parquet", n_groups=16,
-                               distractors=(2,), seed=11, twins=True, tokenizer=llama_split))  # fmt: skip
+    mr = load(
+        generate_dataset(
+            "multi_register",
+            tmp_path / "mr.parquet",
+            n_groups=16,
+            distractors=(2,),
+            seed=11,
+            twins=True,
+            tokenizer=llama_split,
+        )
+    )
     rec, pairs, info = run_battery(m, mr, "recurrent", cache_dir=None, kinds=kinds)
     n_aligned = int((pairs_shift(mr) == 0).sum())
     assert info["n_shifted"] == 0 and info["n_pairs"] == n_aligned and 0 < n_aligned < 16
@@ -364,8 +566,17 @@ def test_a_battery_that_runs_its_batches_again_records_what_one_that_keeps_them_
     from tasks.generate import generate_dataset
 
     m = load_hf(llama)
-    ds = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=8,
-                               distractors=(2, 6), seed=11, twins=True, tokenizer=llama))  # fmt: skip
+    ds = load(
+        generate_dataset(
+            "delayed_memory",
+            tmp_path / "dm.parquet",
+            n_groups=8,
+            distractors=(2, 6),
+            seed=11,
+            twins=True,
+            tokenizer=llama,
+        )
+    )
     kinds = ("interchange_state", "interchange_token", "zero_state", "resample_state")
     kept, _, info = iv.run_battery(m, ds, prefill, cache_dir=None, kinds=kinds)
     assert info["runs_kept"]

@@ -56,8 +56,11 @@ def test_every_twin_flips_its_label_and_keeps_every_other_word(task):
         assert interpret(tw.example.text) == tw.example.answer
         assert interpret(ex.text) == ex.answer
         assert tw.example.answer[tw.target] != ex.answer[tw.target]
-        assert all(a == b for i, (a, b) in enumerate(zip(ex.answer, tw.example.answer, strict=True))
-                   if i != tw.target)  # fmt: skip
+        assert all(
+            a == b
+            for i, (a, b) in enumerate(zip(ex.answer, tw.example.answer, strict=True))
+            if i != tw.target
+        )
 
 
 def test_done_tracking_twins_move_the_count_across_the_threshold_within_range():
@@ -84,10 +87,12 @@ def test_multi_register_twin_changes_the_last_write_of_one_register():
 
 
 def test_twin_dataset_keeps_the_rows_and_their_hash(tmp_path):
-    plain = generate_dataset("done_tracking", tmp_path / "a.parquet", n_groups=12,
-                             distractors=(1, 8), seed=3)  # fmt: skip
-    with_twins = generate_dataset("done_tracking", tmp_path / "b.parquet", n_groups=12,
-                                  distractors=(1, 8), seed=3, twins=True)  # fmt: skip
+    plain = generate_dataset(
+        "done_tracking", tmp_path / "a.parquet", n_groups=12, distractors=(1, 8), seed=3
+    )
+    with_twins = generate_dataset(
+        "done_tracking", tmp_path / "b.parquet", n_groups=12, distractors=(1, 8), seed=3, twins=True
+    )
     a, b = load(plain), load(with_twins)
     assert not a.has_twins and b.has_twins
     assert a.content_hash == b.content_hash and a.text == b.text
@@ -95,8 +100,9 @@ def test_twin_dataset_keeps_the_rows_and_their_hash(tmp_path):
     for i in np.flatnonzero(b.twin_target >= 0):
         assert interpret(vocab.decode(b.twin_token_ids[i])) == b.twin_labels[i]
     # the same arguments give the same bytes
-    again = generate_dataset("done_tracking", tmp_path / "c.parquet", n_groups=12,
-                             distractors=(1, 8), seed=3, twins=True)  # fmt: skip
+    again = generate_dataset(
+        "done_tracking", tmp_path / "c.parquet", n_groups=12, distractors=(1, 8), seed=3, twins=True
+    )
     assert Path(again).read_bytes() == Path(with_twins).read_bytes()
 
 
@@ -106,8 +112,15 @@ def _model(fusion="gated", seed=5):
 
 
 def _batch(task="delayed_memory", n_groups=6, counts=(2, 5), tmp=None):
-    path = generate_dataset(task, tmp / f"{task}.parquet", n_groups=n_groups,
-                            distractors=counts, seed=11, twins=True, force=True)  # fmt: skip
+    path = generate_dataset(
+        task,
+        tmp / f"{task}.parquet",
+        n_groups=n_groups,
+        distractors=counts,
+        seed=11,
+        twins=True,
+        force=True,
+    )
     ds = load(path)
     pairs = pairs_of(ds)
     return ds, pairs, batches(pairs, 64, "cpu")[0]
@@ -166,8 +179,14 @@ def test_a_recurrence_patch_at_t_leaves_earlier_positions_bit_identical(tmp_path
 @pytest.mark.parametrize("prefill", ["recurrent", "full"])
 def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path, prefill):
     m = _model(fusion="none")
-    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=10,
-                            distractors=(2, 6), seed=11, twins=True)  # fmt: skip
+    path = generate_dataset(
+        "delayed_memory",
+        tmp_path / "dm.parquet",
+        n_groups=10,
+        distractors=(2, 6),
+        seed=11,
+        twins=True,
+    )
     rec, pairs, _ = run_battery(m, load(path), prefill, cache_dir=None, kinds=UNDIRECTED)
     c, f, ld = rec.hits[Key("clean", "", "")]
     state = [k for k in rec.hits if k.site.startswith(STATE_HOOK)]
@@ -202,8 +221,14 @@ def test_leace_leaves_the_probe_at_chance_on_held_out_features():
 
 def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
     m = _model()
-    path = generate_dataset("done_tracking", tmp_path / "dt.parquet", n_groups=16,
-                            distractors=(1, 4), seed=11, twins=True)  # fmt: skip
+    path = generate_dataset(
+        "done_tracking",
+        tmp_path / "dt.parquet",
+        n_groups=16,
+        distractors=(1, 4),
+        seed=11,
+        twins=True,
+    )
     ds = load(path)
     rec, pairs, info = run_battery(m, ds, "full", cache_dir=tmp_path / "cache")
     df = summarise(rec, pairs, "done_tracking", "full", 0)
@@ -225,8 +250,14 @@ def test_battery_on_a_tiny_model_reports_every_intervention(tmp_path):
 def test_steering_moves_the_projection_by_alpha_sigmas(tmp_path):
     from probes.intervene.erasers import depth_tools
 
-    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=20,
-                            distractors=(1, 3), seed=11, twins=True)  # fmt: skip
+    path = generate_dataset(
+        "delayed_memory",
+        tmp_path / "dm.parquet",
+        n_groups=20,
+        distractors=(1, 3),
+        seed=11,
+        twins=True,
+    )
     ds = load(path)
     pairs = pairs_of(ds)
     feats = np.random.default_rng(1).normal(size=(len(pairs), 32))
@@ -263,12 +294,33 @@ def _cli(*args, cwd):
 
 def test_intervene_command_on_the_default_model(tmp_path):
     data = tmp_path / "dm.parquet"
-    r = _cli("generate", "--task", "delayed_memory", "--n-groups", "10", "--distractors",
-             "1,6", "--twins", "--out", str(data), cwd=tmp_path)  # fmt: skip
+    r = _cli(
+        "generate",
+        "--task",
+        "delayed_memory",
+        "--n-groups",
+        "10",
+        "--distractors",
+        "1,6",
+        "--twins",
+        "--out",
+        str(data),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     out = tmp_path / "iv"
-    r = _cli("intervene", "--task", "delayed_memory", "--prefill", "recurrent", "--data",
-             str(data), "--out", str(out), cwd=tmp_path)  # fmt: skip
+    r = _cli(
+        "intervene",
+        "--task",
+        "delayed_memory",
+        "--prefill",
+        "recurrent",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(out / "interventions.csv")
     assert list(df.columns) == COLUMNS and set(df.intervention) == set(REGISTRY)
@@ -290,8 +342,14 @@ def test_intervene_refuses_a_dataset_without_twins(tmp_path):
     assert not (tmp_path / "iv" / "interventions.csv").exists()
     r = _cli("intervene", "--prefill", "sideways", "--out", str(tmp_path / "iv"), cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: unknown prefill 'sideways'")
-    r = _cli("intervene", "--probes", str(tmp_path / "nowhere"), "--out", str(tmp_path / "iv"),
-             cwd=tmp_path)  # fmt: skip
+    r = _cli(
+        "intervene",
+        "--probes",
+        str(tmp_path / "nowhere"),
+        "--out",
+        str(tmp_path / "iv"),
+        cwd=tmp_path,
+    )
     assert r.returncode == 1 and r.stderr.startswith("error: no saved probes in")
     few = tmp_path / "few.parquet"
     generate_dataset("delayed_memory", few, n_groups=3, distractors=(1,), seed=1, twins=True)
@@ -314,12 +372,21 @@ def test_depths_pick_where_the_depth_interventions_act(tmp_path):
         with pytest.raises(ValueError, match="--depths"):
             pick_depths(bad, 3)
     m = FBTModel(FBTConfig(d_model=32, n_layers=7, n_heads=2, d_mlp=64, n_ctx=320), seed=5)
-    ds = load(generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=6,
-                               distractors=(1, 4), seed=11, twins=True))  # fmt: skip
+    ds = load(
+        generate_dataset(
+            "delayed_memory",
+            tmp_path / "dm.parquet",
+            n_groups=6,
+            distractors=(1, 4),
+            seed=11,
+            twins=True,
+        )
+    )
     kinds = ("erase_probe", "steer_probe")
     for spec, want in ((None, {0, 2, 4, 5, 7}), ("1,5", {1, 5})):
-        rec, _, info = run_battery(m, ds, "recurrent", cache_dir=None, kinds=kinds, folds=3,
-                                   depths=spec)  # fmt: skip
+        rec, _, info = run_battery(
+            m, ds, "recurrent", cache_dir=None, kinds=kinds, folds=3, depths=spec
+        )
         sites = {k.site for k in rec.hits if k.intervention in kinds}
         assert {depth_of(s) for s in sites} == want and info["depths"] == sorted(want)
         assert info["patched_runs"] == len(want) * (1 + 9) * info["n_batches"]  # 9 alphas
@@ -346,8 +413,9 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     from probes.intervene.erasers import erase
 
     model, _ = resolve_model("default")
-    path = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=40,
-                            distractors=(1, 4, 16), seed=5)  # fmt: skip
+    path = generate_dataset(
+        "delayed_memory", tmp_path / "dm.parquet", n_groups=40, distractors=(1, 4, 16), seed=5
+    )
     ds = load(path)
     X = extract_features(model, ds, "recurrent")[:, 0].astype(np.float64)
     y = np.array([lab[0] for lab in ds.labels])
@@ -389,13 +457,34 @@ def test_steering_uses_a_fits_saved_probes(tmp_path):
     from probes.intervene.run import run_intervene
 
     model, name = resolve_model("default")
-    data = generate_dataset("delayed_memory", tmp_path / "dm.parquet", n_groups=12,
-                            distractors=(1, 6), seed=2, twins=True)  # fmt: skip
-    run_fit(model, name, ("delayed_memory",), ("recurrent",), {"delayed_memory": data},
-            tmp_path / "fit", controls=False, per_count=False, cache_dir=tmp_path / "c")  # fmt: skip
-    df = run_intervene(model, name, [("delayed_memory", "recurrent")], tmp_path / "iv",
-                       data={"delayed_memory": data}, probes_dir=tmp_path / "fit",
-                       cache_dir=tmp_path / "c")  # fmt: skip
+    data = generate_dataset(
+        "delayed_memory",
+        tmp_path / "dm.parquet",
+        n_groups=12,
+        distractors=(1, 6),
+        seed=2,
+        twins=True,
+    )
+    run_fit(
+        model,
+        name,
+        ("delayed_memory",),
+        ("recurrent",),
+        {"delayed_memory": data},
+        tmp_path / "fit",
+        controls=False,
+        per_count=False,
+        cache_dir=tmp_path / "c",
+    )
+    df = run_intervene(
+        model,
+        name,
+        [("delayed_memory", "recurrent")],
+        tmp_path / "iv",
+        data={"delayed_memory": data},
+        probes_dir=tmp_path / "fit",
+        cache_dir=tmp_path / "c",
+    )
     meta = json.loads((tmp_path / "iv" / "interventions.json").read_text())
     assert meta["runs"][0]["directions"] == "saved probes"
     assert meta["probes"] == str(tmp_path / "fit")
@@ -421,16 +510,48 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
 
     I.register_intervention("double_state", double_state)
     try:
-        assert list(I.REGISTRY)[:10] == ["interchange_state", "zero_state", "mean_state",
-                                         "resample_state", "interchange_token", "erase_probe",
-                                         "erase_random", "steer_probe", "steer_random", "self"]  # fmt: skip
+        assert list(I.REGISTRY)[:10] == [
+            "interchange_state",
+            "zero_state",
+            "mean_state",
+            "resample_state",
+            "interchange_token",
+            "erase_probe",
+            "erase_random",
+            "steer_probe",
+            "steer_random",
+            "self",
+        ]
         data = tmp_path / "dm.parquet"
-        r = CliRunner().invoke(app, ["generate", "-t", "delayed_memory", "--n-groups", "8",
-                                     "--distractors", "1,5", "--twins", "--out", str(data)])  # fmt: skip
+        r = CliRunner().invoke(
+            app,
+            [
+                "generate",
+                "-t",
+                "delayed_memory",
+                "--n-groups",
+                "8",
+                "--distractors",
+                "1,5",
+                "--twins",
+                "--out",
+                str(data),
+            ],
+        )
         assert r.exit_code == 0, r.output
         out = tmp_path / "iv"
-        r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--out", str(out),
-                                     "--intervention", "double_state,self"])  # fmt: skip
+        r = CliRunner().invoke(
+            app,
+            [
+                "intervene",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--intervention",
+                "double_state,self",
+            ],
+        )
         assert r.exit_code == 0, r.output
         df = pd.read_csv(out / "interventions.csv")
         assert list(dict.fromkeys(df.intervention)) == ["self", "double_state"]
@@ -438,12 +559,26 @@ def test_an_eleventh_intervention_registered_here_runs_through_the_cli(tmp_path)
         acc = df[df.metric == "accuracy"].set_index("intervention").value
         assert acc["self"] == 1.0  # the exact check: the default model answers all of these
         assert json.loads((out / "interventions.json").read_text())["interventions"] == [
-            "double_state", "self"]  # fmt: skip
-        r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--out", str(out),
-                                     "--intervention", "nope", "--force"])  # fmt: skip
+            "double_state",
+            "self",
+        ]
+        r = CliRunner().invoke(
+            app,
+            [
+                "intervene",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--intervention",
+                "nope",
+                "--force",
+            ],
+        )
         assert r.exit_code == 1
         assert r.stderr.strip().splitlines() == [
-            "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)]  # fmt: skip
+            "error: unknown intervention 'nope'; choose from " + ", ".join(I.REGISTRY)
+        ]
     finally:
         I.REGISTRY.remove("double_state")
 
@@ -456,11 +591,25 @@ def fitted(tmp_path_factory):
     from cli import app
 
     d = tmp_path_factory.mktemp("use")
-    data = generate_dataset("delayed_memory", d / "dm.parquet", n_groups=10,
-                            distractors=(1, 5), seed=2, twins=True)  # fmt: skip
+    data = generate_dataset(
+        "delayed_memory", d / "dm.parquet", n_groups=10, distractors=(1, 5), seed=2, twins=True
+    )
     for kind in ("logistic", "mlp"):
-        r = CliRunner().invoke(app, ["fit", "--data", str(data), "--prefill", "recurrent",
-                                     "--no-controls", "--probe", kind, "--out", str(d / kind)])  # fmt: skip
+        r = CliRunner().invoke(
+            app,
+            [
+                "fit",
+                "--data",
+                str(data),
+                "--prefill",
+                "recurrent",
+                "--no-controls",
+                "--probe",
+                kind,
+                "--out",
+                str(d / kind),
+            ],
+        )
         assert r.exit_code == 0, r.output
     return d, data
 
@@ -483,18 +632,27 @@ def _nan_weights(folder):
 
 
 USES = {
-    "another prefill": ((), ["--prefill", "standard"], "has no probe of delayed_memory under "
-                        "prefill standard"),
+    "another prefill": (
+        (),
+        ["--prefill", "standard"],
+        "has no probe of delayed_memory under prefill standard",
+    ),
     "another task": (("task",), ["--prefill", "recurrent"], "has no probe of delayed_memory"),
     "the mlp kind": ("mlp", ["--prefill", "recurrent"], "are mlp probes, which have no direction"),
-    "a missing depth": (("depth",), ["--prefill", "recurrent"], "has no linear probe of "
-                        "delayed_memory under recurrent at depth"),
+    "a missing depth": (
+        ("depth",),
+        ["--prefill", "recurrent"],
+        "has no linear probe of delayed_memory under recurrent at depth",
+    ),
     "a broken entry": (("classes",), ["--prefill", "recurrent"], "probe 0 has no valid 'classes'"),
     "NaN weights": ("nan", ["--prefill", "recurrent"], "holds NaN or infinite values"),
-    "no kind reads them": ((), ["--prefill", "recurrent", "-i", "interchange_state"],
-                           "--probes: none of the interventions"),
+    "no kind reads them": (
+        (),
+        ["--prefill", "recurrent", "-i", "interchange_state"],
+        "--probes: none of the interventions",
+    ),
     "another model": ((), ["--prefill", "recurrent", "--random-init"], "--random-init"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(USES))
@@ -516,13 +674,15 @@ def test_saved_probes_are_checked_against_their_use(fitted, tmp_path, case):
     elif edit == ("task",):
         _edit_index(folder, lambda doc: [p.update(task="done_tracking") for p in doc["probes"]])
     elif edit == ("depth",):
-        _edit_index(folder, lambda doc: doc.update(probes=[p for p in doc["probes"]
-                                                            if p["depth"] != 0]))  # fmt: skip
+        _edit_index(
+            folder, lambda doc: doc.update(probes=[p for p in doc["probes"] if p["depth"] != 0])
+        )
     elif edit == ("classes",):
         _edit_index(folder, lambda doc: doc["probes"][0].update(classes="ZERO"))
     out = tmp_path / "iv"
-    r = CliRunner().invoke(app, ["intervene", "--data", str(data), "--probes", str(folder),
-                                 "--out", str(out), *args])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["intervene", "--data", str(data), "--probes", str(folder), "--out", str(out), *args]
+    )
     assert r.exit_code != 0 and "Traceback" not in r.output, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0], lines

@@ -29,12 +29,17 @@ def _prompt_batch(model, n=6, seed=0):
 def _check_reads_against_the_model(model):
     toks, at = _prompt_batch(model)
     hooks = model.depth_hooks()
-    out, caches = model.run_with_pass_caches(toks, passes=3, positions=at,
-                                             names_filter=[*hooks, "fusion.hook_state"])  # fmt: skip
+    out, caches = model.run_with_pass_caches(
+        toks, passes=3, positions=at, names_filter=[*hooks, "fusion.hook_state"]
+    )
     rows = torch.arange(len(at))
     for k in range(3):  # at depth L of every pass the logit lens is that pass's output
-        torch.testing.assert_close(model.read_resid(caches.of_pass(k + 1)[hooks[-1]]),
-                                   out.passes[k].logits_at(rows, at), atol=1e-4, rtol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            model.read_resid(caches.of_pass(k + 1)[hooks[-1]]),
+            out.passes[k].logits_at(rows, at),
+            atol=1e-4,
+            rtol=1e-4,
+        )
     # the head on the fed-back state at t is the pass before's output at t - 1
     fed = model.read_state(caches.of_pass(2)["fusion.hook_state"])
     torch.testing.assert_close(fed, out.passes[0].logits_at(rows, at - 1), atol=1e-4, rtol=1e-4)
@@ -88,8 +93,11 @@ def test_a_tuned_lens_saves_reloads_and_predicts_the_same(default_model, tmp_pat
     n, d = len(default_model.depth_hooks()), default_model.cfg.d_model
     g = torch.Generator().manual_seed(1)
     mhash = model_hash(default_model)
-    tr = Translators(torch.randn(n, d, d, generator=g), torch.randn(n, d, generator=g),
-                     {"model_hash": mhash, "passes": 3})  # fmt: skip
+    tr = Translators(
+        torch.randn(n, d, d, generator=g),
+        torch.randn(n, d, generator=g),
+        {"model_hash": mhash, "passes": 3},
+    )
     tr.save(tmp_path / "tl")
     back = Translators.load(tmp_path / "tl", default_model, mhash)
     x = torch.randn(5, d, generator=g)
@@ -106,8 +114,17 @@ def test_a_tuned_lens_saves_reloads_and_predicts_the_same(default_model, tmp_pat
     with pytest.raises(ValueError, match="holds NaN or infinite values"):
         Translators.load(tmp_path / "nan", default_model, mhash)
     # a saved lens and --no-tuned cannot both take effect: refused before any work
-    r = CliRunner().invoke(app, ["lens", "--tuned-lens", str(tmp_path / "tl"), "--no-tuned",
-                                 "--out", str(tmp_path / "out")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "lens",
+            "--tuned-lens",
+            str(tmp_path / "tl"),
+            "--no-tuned",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert r.exit_code != 0 and r.output.strip().splitlines() == [
         "error: --tuned-lens reads a saved tuned lens, --no-tuned reads none: give one"
     ]
@@ -141,8 +158,18 @@ def test_lens_command_on_the_default_model(tmp_path):
     assert [f.path for f in figs] == [tmp_path / "lens" / "figures" / "lens_delayed_memory.png"]
     assert figs[0].html and not figs[0].keep_png  # drawn from lens.csv in report.html
     # the saved lens is read back instead of fitted: every example is measured
-    r = CliRunner().invoke(app, ["lens", "--data", str(data), "--out", str(tmp_path / "again"),
-                                 "--tuned-lens", str(out / "tuned_lens")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "lens",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "again"),
+            "--tuned-lens",
+            str(out / "tuned_lens"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "again" / "lens.json").read_text())
     assert meta["datasets"]["delayed_memory"]["n_measured"] == 32
@@ -151,11 +178,24 @@ def test_lens_command_on_the_default_model(tmp_path):
 
 def test_lens_command_on_a_hugging_face_model(tiny_llama, tmp_path):
     data = tmp_path / "dm.parquet"
-    generate_dataset("delayed_memory", data, n_groups=8, distractors=(1, 3), seed=2,
-                     tokenizer=tiny_llama)  # fmt: skip
+    generate_dataset(
+        "delayed_memory", data, n_groups=8, distractors=(1, 3), seed=2, tokenizer=tiny_llama
+    )
     out = tmp_path / "lens"
-    r = CliRunner().invoke(app, ["lens", "--model", str(tiny_llama), "--data", str(data),
-                                 "--out", str(out), "--prefill", "recurrent"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "lens",
+            "--model",
+            str(tiny_llama),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--prefill",
+            "recurrent",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "lens.csv")
     assert set(df["pass"]) == {1, 2} and {"fed_state", "fed_value"} <= set(df.read)
@@ -164,23 +204,27 @@ def test_lens_command_on_a_hugging_face_model(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize(
     "args,message",
-    [(["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
-     (["--prefill", "full"], "error: --prefill full: this command reads Jacobi passes"),
-     (["-k", "2"], "error: -k is gone: use --prefill k2"),
-     (["--tuned-lens", "nowhere"], "error: no tuned lens in nowhere"),
-     (["--position", "colon+1"], "error: invalid position 'colon+1'")],
-)  # fmt: skip
+    [
+        (["--prefill", "k0"], "error: --prefill: unknown prefill 'k0'"),
+        (["--prefill", "full"], "error: --prefill full: this command reads Jacobi passes"),
+        (["-k", "2"], "error: -k is gone: use --prefill k2"),
+        (["--tuned-lens", "nowhere"], "error: no tuned lens in nowhere"),
+        (["--position", "colon+1"], "error: invalid position 'colon+1'"),
+    ],
+)
 def test_lens_refuses_bad_input_in_one_line(tmp_path, args, message):
-    r = CliRunner().invoke(app, ["lens", "--task", "delayed_memory", "--out",
-                                 str(tmp_path / "l"), *args])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["lens", "--task", "delayed_memory", "--out", str(tmp_path / "l"), *args]
+    )
     assert r.exit_code == 1
     assert r.output.strip().splitlines()[0].startswith(message)
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "l" / "lens.csv").exists()
 
 
-@pytest.mark.parametrize("task,offset", [("delayed_memory", 0), ("done_tracking", 0),
-                                         ("multi_register", 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "task,offset", [("delayed_memory", 0), ("done_tracking", 0), ("multi_register", 1)]
+)
 def test_the_lens_reads_where_the_answer_is_next(default_model, tmp_path, task, offset):
     from probes.lens.run import answer_positions
     from tasks import vocab

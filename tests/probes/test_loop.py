@@ -17,8 +17,9 @@ from tasks.generate import generate_dataset
 @pytest.fixture(scope="module")
 def loop_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
-    data = generate_dataset("count_steps", tmp / "cs.parquet", n_groups=8, distractors=(1, 16),
-                            seed=4, twins=True)  # fmt: skip
+    data = generate_dataset(
+        "count_steps", tmp / "cs.parquet", n_groups=8, distractors=(1, 16), seed=4, twins=True
+    )
     out = tmp / "results" / "loop"
     res = run_loop("generation", task="count_steps", data=data, modes="standard,fused", out=out)
     return res, out

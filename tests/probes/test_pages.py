@@ -137,9 +137,13 @@ def test_view_without_probes_says_how_to_get_them_and_refuses_bad_input(fitted, 
     )
     doc = page_data(out)
     assert "fbt-probe fit" in doc["probe_note"] and doc["examples"][0]["probe"][0]["targets"] == {}
-    for kw, msg in (({"examples": "x"}, "--examples"), ({"examples": "99999"}, "--examples"),
-                    ({"prefill": "k0"}, "--prefill"), ({"out": tmp_path / "v.txt"}, "--out"),
-                    ({"task": "nope"}, "--task")):  # fmt: skip
+    for kw, msg in (
+        ({"examples": "x"}, "--examples"),
+        ({"examples": "99999"}, "--examples"),
+        ({"prefill": "k0"}, "--prefill"),
+        ({"out": tmp_path / "v.txt"}, "--out"),
+        ({"task": "nope"}, "--task"),
+    ):
         args = {"data": data, "probes": tmp_path, "out": tmp_path / "w.html", **kw}
         with pytest.raises(ValueError, match=msg):
             view(**args)
@@ -169,9 +173,21 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
     for prefill in ("recurrent", "full"):
         for w in ("label_next", "last4", "all"):
             v = float(rng.uniform())
-            iv.append(dict(task="dm", prefill=prefill, intervention="interchange_state", site=STATE_HOOK,
-                           positions=w, alpha=np.nan, metric="flip_rate", value=v, ci_low=v - 0.1,
-                           ci_high=v + 0.1, n=64))  # fmt: skip
+            iv.append(
+                dict(
+                    task="dm",
+                    prefill=prefill,
+                    intervention="interchange_state",
+                    site=STATE_HOOK,
+                    positions=w,
+                    alpha=np.nan,
+                    metric="flip_rate",
+                    value=v,
+                    ci_low=v - 0.1,
+                    ci_high=v + 0.1,
+                    n=64,
+                )
+            )
         for d in range(3):
             site = f"blocks.{d}.hook_resid_pre"
             for name, alpha in (
@@ -180,15 +196,51 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
                 ("steer_probe", 4.0),
             ):
                 v = float(rng.uniform())
-                iv.append(dict(task="dm", prefill=prefill, intervention=name, site=site, positions="colon",
-                               alpha=alpha, metric="accuracy", value=v, ci_low=v, ci_high=v, n=64))  # fmt: skip
+                iv.append(
+                    dict(
+                        task="dm",
+                        prefill=prefill,
+                        intervention=name,
+                        site=site,
+                        positions="colon",
+                        alpha=alpha,
+                        metric="accuracy",
+                        value=v,
+                        ci_low=v,
+                        ci_high=v,
+                        n=64,
+                    )
+                )
     iv = pd.DataFrame(iv)
-    ld = pd.DataFrame([dict(task="dm", lens="logit", read=r, distractors="1-256", metric=m,
-                            value=float(rng.uniform(0.001, 2)), ci_low=0.0, ci_high=3.0, n=32, **{"pass": k})
-                       for k in (1, 2) for r in ("fed_state", "0", "1") for m in ("kl", "answer_prob")
-                       if not (k == 1 and r == "fed_state")])  # fmt: skip
-    tr = pd.DataFrame([dict(task="dm", metric="convergence", from_answer=o, value=10.0 ** -k, n=16, **{"pass": k})
-                       for k in (1, 2, 3) for o in (-2, -1, 0)])  # fmt: skip
+    ld = pd.DataFrame(
+        [
+            dict(
+                task="dm",
+                lens="logit",
+                read=r,
+                distractors="1-256",
+                metric=m,
+                value=float(rng.uniform(0.001, 2)),
+                ci_low=0.0,
+                ci_high=3.0,
+                n=32,
+                **{"pass": k},
+            )
+            for k in (1, 2)
+            for r in ("fed_state", "0", "1")
+            for m in ("kl", "answer_prob")
+            if not (k == 1 and r == "fed_state")
+        ]
+    )
+    tr = pd.DataFrame(
+        [
+            dict(
+                task="dm", metric="convergence", from_answer=o, value=10.0**-k, n=16, **{"pass": k}
+            )
+            for k in (1, 2, 3)
+            for o in (-2, -1, 0)
+        ]
+    )
     html = "".join(interchange(iv, "dm"))
     assert html.count('class="cell"') == 6
     r = iv[

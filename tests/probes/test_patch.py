@@ -25,8 +25,9 @@ from tasks.generate import generate_dataset
 @pytest.fixture(scope="module")
 def dm(tmp_path_factory):
     path = tmp_path_factory.mktemp("d") / "dm.parquet"
-    return load(generate_dataset("delayed_memory", path, n_groups=6, distractors=(1, 5), seed=3,
-                                 twins=True))  # fmt: skip
+    return load(
+        generate_dataset("delayed_memory", path, n_groups=6, distractors=(1, 5), seed=3, twins=True)
+    )
 
 
 def _battery(model, ds, prefill, kinds):
@@ -68,8 +69,10 @@ def test_every_heads_patch_together_is_the_attention_outputs(dm):
     t = torch.arange(b.tokens.shape[1])[None]
     after = (t <= b.answer[:, None]) & (t >= b.label_pos[:, None])
     start = int(b.label_pos.min())
-    heads = [("blocks.1.attn.hook_z", head_hook(h, after, acts[names[0]]))
-             for h in range(model.cfg.n_heads)]  # fmt: skip
+    heads = [
+        ("blocks.1.attn.hook_z", head_hook(h, after, acts[names[0]]))
+        for h in range(model.cfg.n_heads)
+    ]
     a = answer_logits(patched_output(model, b.clean, start, heads, None, 1), b, start)
     whole = [("blocks.1.hook_attn_out", replace_where(after, acts[names[1]]))]
     c = answer_logits(patched_output(model, b.clean, start, whole, None, 1), b, start)
@@ -115,10 +118,23 @@ def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads_witho
 
     folder = model_folder(tmp_path / "llama", "llama")
     data = tmp_path / "dm.parquet"
-    generate_dataset("delayed_memory", data, n_groups=6, distractors=(1, 3), seed=2, twins=True,
-                     tokenizer=folder)  # fmt: skip
-    r = CliRunner().invoke(app, ["patch", "--model", str(folder), "--data", str(data), "--out",
-                                 str(tmp_path / "p"), "--kinds", "resid"])  # fmt: skip
+    generate_dataset(
+        "delayed_memory", data, n_groups=6, distractors=(1, 3), seed=2, twins=True, tokenizer=folder
+    )
+    r = CliRunner().invoke(
+        app,
+        [
+            "patch",
+            "--model",
+            str(folder),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "p"),
+            "--kinds",
+            "resid",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "p" / "patch.csv")
     ld = df[
@@ -131,17 +147,21 @@ def test_patch_on_a_hugging_face_model_patches_residuals_and_refuses_heads_witho
     from fbt_probe.hf import HFFeedbackModel
 
     monkeypatch.setattr(HFFeedbackModel, "n_heads", property(lambda self: 0))
-    r = CliRunner().invoke(app, ["patch", "--model", str(folder), "--data", str(data), "--out",
-                                 str(tmp_path / "q")])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["patch", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "q")]
+    )
     assert r.exit_code == 1 and "has no per-head hooks here" in r.output
     assert not (tmp_path / "q").exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prefill", "full"], "error: --prefill full: patch acts on a Jacobi pass"),
-    (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, path"),
-    (["--pass", "3"], "error: --pass 3: recurrent prefill has passes 1..2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prefill", "full"], "error: --prefill full: patch acts on a Jacobi pass"),
+        (["--kinds", "heads"], "error: --kinds 'heads': choose from resid, head, path"),
+        (["--pass", "3"], "error: --pass 3: recurrent prefill has passes 1..2"),
+    ],
+)
 def test_patch_refuses_bad_input_in_one_line(tmp_path, args, message):
     r = CliRunner().invoke(app, ["patch", "--out", str(tmp_path / "p"), *args])
     assert r.exit_code == 1 and r.output.startswith(message)
@@ -157,8 +177,9 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
     model = resolve_model("default")[0].eval()
     pf = parse_prefill("recurrent")
     b = batches(pairs_of(dm), 64, "cpu")[0]
-    out, caches = model.run_with_pass_caches(b.twin_tokens, passes=2,
-                                             names_filter="blocks.0.hook_resid_pre")  # fmt: skip
+    out, caches = model.run_with_pass_caches(
+        b.twin_tokens, passes=2, names_filter="blocks.0.hook_resid_pre"
+    )
     from fbt_probe.patching import clean_run, replace_where
 
     b.clean = clean_run(model, b.tokens, pf)
@@ -195,16 +216,19 @@ def test_the_last_pass_reuses_the_clean_run_and_equals_running_every_pass_again(
     whole.early = True  # the path an earlier pass takes: every pass run again, whole
     a, b_ = cached(hook, start, 2), whole(hook, start, 2)
     assert not cached.early and a[1] == start and b_[1] == 0
-    torch.testing.assert_close(answer_logits(a[0], b, a[1]), answer_logits(b_[0], b, 0),
-                               atol=1e-5, rtol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        answer_logits(a[0], b, a[1]), answer_logits(b_[0], b, 0), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_patch_command_in_an_earlier_pass(dm, tmp_path):
     data = tmp_path / "dm.parquet"
     generate_dataset("delayed_memory", data, n_groups=6, distractors=(1, 5), seed=3, twins=True)
     out = tmp_path / "p"
-    r = CliRunner().invoke(app, ["patch", "--data", str(data), "--out", str(out), "--pass", "1",
-                                 "--kinds", "resid,path"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        ["patch", "--data", str(data), "--out", str(out), "--pass", "1", "--kinds", "resid,path"],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "patch.csv")
     assert set(df["pass"]) == {1} and json.loads((out / "patch.json").read_text())["pass"] == 1

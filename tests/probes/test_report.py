@@ -17,8 +17,13 @@ def test_heatmaps_show_the_tables_numbers(results):
     res, df = results
     drawn = plot_all(res)
     figs = res / "figures"
-    for stem in ["heatmap_delayed_memory_prefill_by_depth", "heatmap_multi_register_prefill_by_depth",
-                 "heatmap_delayed_memory_depth_by_count", "heatmap_multi_register_overwrites", "lines_delayed_memory"]:  # fmt: skip
+    for stem in [
+        "heatmap_delayed_memory_prefill_by_depth",
+        "heatmap_multi_register_prefill_by_depth",
+        "heatmap_delayed_memory_depth_by_count",
+        "heatmap_multi_register_overwrites",
+        "lines_delayed_memory",
+    ]:
         for ext in ("png", "pdf"):
             assert (figs / f"{stem}.{ext}").stat().st_size > 1000
     mat = drawn["prefill_by_depth"]["delayed_memory/label"]
@@ -90,9 +95,21 @@ def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0)
 
     def add(intervention, site, positions, alpha, values):
         for metric, v in zip(("accuracy", "flip_rate", "logit_diff"), values, strict=True):
-            rows.append({"task": "delayed_memory", "prefill": "recurrent", "intervention": intervention,
-                         "site": site, "positions": positions, "alpha": alpha, "metric": metric,
-                         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "n": 100})  # fmt: skip
+            rows.append(
+                {
+                    "task": "delayed_memory",
+                    "prefill": "recurrent",
+                    "intervention": intervention,
+                    "site": site,
+                    "positions": positions,
+                    "alpha": alpha,
+                    "metric": metric,
+                    "value": v,
+                    "ci_low": v - 0.01,
+                    "ci_high": v + 0.01,
+                    "n": 100,
+                }
+            )
 
     nan = float("nan")
     add("self", STATE_HOOK, "all", nan, (clean_acc, 0.0, 1.0))
@@ -126,8 +143,11 @@ def test_intervention_figures_show_the_table(tmp_path):
     # depth order: block inputs, then the last block's output
     assert list(depth["erase_probe"]) == list(er.value)
     steer = drawn["steering_delayed_memory_recurrent"]
-    s1 = iv[(iv.intervention == "steer_probe") & (iv.site == "blocks.1.hook_resid_pre")
-            & (iv.metric == "flip_rate")]  # fmt: skip
+    s1 = iv[
+        (iv.intervention == "steer_probe")
+        & (iv.site == "blocks.1.hook_resid_pre")
+        & (iv.metric == "flip_rate")
+    ]
     assert list(steer[("steer_probe", 1)]) == list(s1.value)
     for stem in ("interchange_delayed_memory", "depth_delayed_memory", "steering_delayed_memory"):
         assert (tmp_path / "figs" / f"{stem}.png").stat().st_size > 0
@@ -136,9 +156,13 @@ def test_intervention_figures_show_the_table(tmp_path):
 
 @pytest.mark.parametrize(
     "state,token,clean,words",
-    [(0.9, 0.1, 1.0, "follows the state"), (0.05, 0.95, 1.0, "follows the token"),
-     (0.1, 0.1, 1.0, "both, redundantly"), (0.1, 0.1, 0.3, "say nothing")],
-)  # fmt: skip
+    [
+        (0.9, 0.1, 1.0, "follows the state"),
+        (0.05, 0.95, 1.0, "follows the token"),
+        (0.1, 0.1, 1.0, "both, redundantly"),
+        (0.1, 0.1, 0.3, "say nothing"),
+    ],
+)
 def test_the_headline_reads_the_two_interchanges(state, token, clean, words):
     from probes.intervene.report import headline
 
@@ -166,10 +190,18 @@ def test_report_puts_probe_and_erasure_side_by_side(results):
     iv.to_csv(res / "interventions" / "interventions.csv", index=False)
     text = write_report(res).read_text()
     assert "## Decodable vs used" in text and "follows the state" in text
-    probe0 = df[(df.task == "delayed_memory") & (df.prefill == "recurrent") & (df.depth == 0)
-                & (df.model == "trained") & (df.distractors == "1-256")].accuracy.iloc[0]  # fmt: skip
-    er0 = iv[(iv.intervention == "erase_probe") & (iv.site == "blocks.0.hook_resid_pre")
-             & (iv.metric == "accuracy")].value.iloc[0]  # fmt: skip
+    probe0 = df[
+        (df.task == "delayed_memory")
+        & (df.prefill == "recurrent")
+        & (df.depth == 0)
+        & (df.model == "trained")
+        & (df.distractors == "1-256")
+    ].accuracy.iloc[0]
+    er0 = iv[
+        (iv.intervention == "erase_probe")
+        & (iv.site == "blocks.0.hook_resid_pre")
+        & (iv.metric == "accuracy")
+    ].value.iloc[0]
     row = next(
         ln for ln in text.splitlines() if ln.startswith("| delayed_memory | recurrent | 0 |")
     )

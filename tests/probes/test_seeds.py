@@ -68,8 +68,14 @@ def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
     assert calls == []
     assert json.loads((tmp_path / "seed_rows.json").read_text()) == rows
     # the same recipe under another name keeps the finished seeds; another recipe is refused
-    run_seed_study(cfg.with_overrides({"name": "renamed"}), [0, 1], tmp_path, one,
-                   eval_groups=5, probe_groups=6)  # fmt: skip
+    run_seed_study(
+        cfg.with_overrides({"name": "renamed"}),
+        [0, 1],
+        tmp_path,
+        one,
+        eval_groups=5,
+        probe_groups=6,
+    )
     assert calls == []
     other = cfg.with_overrides({"optim.lr": 1e-3})
     with pytest.raises(ValueError, match=r"seed-0 was trained with another recipe than tiny-seed0"):
@@ -78,13 +84,22 @@ def test_a_seed_study_trains_each_seed_once_and_tabulates(tmp_path):
 
 
 def test_targets_read_from_a_row():
-    row = {f"{t}/{m}": 1.0 for t in ("delayed_memory", "done_tracking")
-           for m in ("standard", "soft", "fused", "full")}  # fmt: skip
+    row = {
+        f"{t}/{m}": 1.0
+        for t in ("delayed_memory", "done_tracking")
+        for m in ("standard", "soft", "fused", "full")
+    }
     row.update(
         {f"multi_register/{m}/min_register": 0.96 for m in ("standard", "soft", "fused", "full")}
     )
-    row.update({"probe/delayed_memory/label/recurrent": 0.995, "probe/done_tracking/label/recurrent": 0.98,
-                "probe/delayed_memory/label/standard": 0.52, "chance/delayed_memory/label/standard": 0.49})  # fmt: skip
+    row.update(
+        {
+            "probe/delayed_memory/label/recurrent": 0.995,
+            "probe/done_tracking/label/recurrent": 0.98,
+            "probe/delayed_memory/label/standard": 0.52,
+            "chance/delayed_memory/label/standard": 0.49,
+        }
+    )
     got = meets(row)
     assert got["answers >= 0.99"] and got["multi_register >= 0.95 per register"]
     assert not got["layer-0 probe recurrent >= 0.99"]  # done_tracking's 0.98
@@ -158,13 +173,16 @@ def test_merge_seeds_refuses_conflicting_rows_and_other_recipes(tmp_path):
     assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
 
 
-@pytest.mark.parametrize("text,message", [
-    ('{"0": {"a": 1}, "0": {"a": 2}}', "'0' is written twice"),
-    ('{"0": {"a": 1}, "00": {"a": 2}}', "'00' is not a seed"),
-    ('{"-1": {"a": 1}}', "'-1' is not a seed"),
-    ('{"+3": {"a": 1}}', "'+3' is not a seed"),
-    ('{"0": {"a": 1, "a": 2}}', "'a' is written twice"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('{"0": {"a": 1}, "0": {"a": 2}}', "'0' is written twice"),
+        ('{"0": {"a": 1}, "00": {"a": 2}}', "'00' is not a seed"),
+        ('{"-1": {"a": 1}}', "'-1' is not a seed"),
+        ('{"+3": {"a": 1}}', "'+3' is not a seed"),
+        ('{"0": {"a": 1, "a": 2}}', "'a' is written twice"),
+    ],
+)
 def test_merge_refuses_a_seed_written_twice_or_not_as_a_seed(tmp_path, text, message):
     # json keeps the last of two equal keys, and int() reads "00" and "-1": neither may
     # silently drop or add a seed

@@ -73,8 +73,22 @@ def test_long_soft_decoding_is_finite():
 def test_stability_cli(tmp_path):
     m = FBTModel(build_cfg(n_ctx=1100), seed=0).eval()
     save_model(m, tmp_path / "m")
-    r = CliRunner().invoke(app, ["stability", "--model", str(tmp_path / "m"), "--prefill", "k6", "--task", "delayed_memory",
-                                 "--out", str(tmp_path / "s"), "--decode-tokens", "50"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "stability",
+            "--model",
+            str(tmp_path / "m"),
+            "--prefill",
+            "k6",
+            "--task",
+            "delayed_memory",
+            "--out",
+            str(tmp_path / "s"),
+            "--decode-tokens",
+            "50",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "s" / "stability.csv")
     assert {"pass", "delta_mean", "delta_max", "loss", "accuracy"} <= set(df.columns)

@@ -81,11 +81,24 @@ def test_trajectory_command_on_the_default_model(tmp_path):
 
 def test_trajectory_command_on_a_hugging_face_model(tiny_llama, tmp_path):
     data = tmp_path / "dt.parquet"
-    generate_dataset("done_tracking", data, n_groups=6, distractors=(1, 3), seed=2,
-                     tokenizer=tiny_llama)  # fmt: skip
+    generate_dataset(
+        "done_tracking", data, n_groups=6, distractors=(1, 3), seed=2, tokenizer=tiny_llama
+    )
     out = tmp_path / "tr"
-    r = CliRunner().invoke(app, ["trajectory", "--model", str(tiny_llama), "--data", str(data),
-                                 "--out", str(out), "-p", "k3"])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "trajectory",
+            "--model",
+            str(tiny_llama),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "-p",
+            "k3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "trajectory.csv")
     assert set(df[df.metric == "convergence"]["pass"]) == {1, 2, 3}

@@ -32,14 +32,29 @@ QUICK = {
     "lens": ["lens", "--prefill", "k2"],
     "trajectory": ["trajectory", "--prefill", "k3"],
     "heads": ["heads", "--prefill", "recurrent"],
-    "stability": ["stability", "--prefill", "k4", "--decode-tokens", "8", "--task", "delayed_memory"],
-    "intervene": ["intervene", "--prefill", "recurrent", "-i", "interchange_state", "--task",
-                  "delayed_memory"],
+    "stability": [
+        "stability",
+        "--prefill",
+        "k4",
+        "--decode-tokens",
+        "8",
+        "--task",
+        "delayed_memory",
+    ],
+    "intervene": [
+        "intervene",
+        "--prefill",
+        "recurrent",
+        "-i",
+        "interchange_state",
+        "--task",
+        "delayed_memory",
+    ],
     "patch": ["patch", "--prefill", "recurrent", "--groups", "2"],
     "attribute": ["attribute", "--prefill", "recurrent", "--groups", "2"],
     "steps": ["steps", "--modes", "standard,soft", "--no-controls", "--folds", "2"],
     "loop": ["loop", "--modes", "soft", "--kinds", "state"],
-}  # fmt: skip
+}
 GENERATED = ("steps", "loop")  # read a generated-answer task's dataset
 # the other verbs that write outputs a user could lose: (argv, the output, its kind)
 PAGES = ["report", "view"]
@@ -49,10 +64,12 @@ PAGES = ["report", "view"]
 def work(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tx")
     save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), tmp / "m")
-    data = generate_dataset("delayed_memory", tmp / "dm.parquet", n_groups=6, distractors=(1, 4),
-                            seed=2, twins=True)  # fmt: skip
-    generate_dataset("count_steps", tmp / "cs.parquet", n_groups=6, distractors=(1, 4), seed=2,
-                     twins=True)  # fmt: skip
+    data = generate_dataset(
+        "delayed_memory", tmp / "dm.parquet", n_groups=6, distractors=(1, 4), seed=2, twins=True
+    )
+    generate_dataset(
+        "count_steps", tmp / "cs.parquet", n_groups=6, distractors=(1, 4), seed=2, twins=True
+    )
     return tmp, tmp / "m", data
 
 
@@ -64,13 +81,29 @@ def argv(verb: str, work, out: Path) -> list[str]:
         return [*QUICK[verb], "--model", str(model), *extra, "--out", str(out)]
     if verb in ("report", "plot"):
         return [verb, "--results", str(out)]
-    return ["view", "--model", str(model), "--data", str(data), "--examples", "0",
-            "--prefill", "k2", "--probes", str(out), "--out", str(out / "view.html")]  # fmt: skip
+    return [
+        "view",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--examples",
+        "0",
+        "--prefill",
+        "k2",
+        "--probes",
+        str(out),
+        "--out",
+        str(out / "view.html"),
+    ]
 
 
 def outputs(verb: str) -> tuple[str, ...]:
-    return ANALYSES[verb].outputs if verb in ANALYSES else {"report": ("report.md", "report.html"),
-                                                            "view": ("view.html",)}[verb]  # fmt: skip
+    return (
+        ANALYSES[verb].outputs
+        if verb in ANALYSES
+        else {"report": ("report.md", "report.html"), "view": ("view.html",)}[verb]
+    )
 
 
 def invoke(args, cwd: Path):
@@ -106,8 +139,9 @@ def test_every_analysis_is_tried_here():
 
 
 @pytest.mark.parametrize("verb", [*QUICK, *PAGES])
-def test_an_earlier_run_is_kept_without_force_and_replaced_whole_with_it(verb, work, first_runs,
-                                                                         tmp_path):  # fmt: skip
+def test_an_earlier_run_is_kept_without_force_and_replaced_whole_with_it(
+    verb, work, first_runs, tmp_path
+):
     out = tmp_path / "out"
     shutil.copytree(first_runs[verb], out)
     declared = {p.relative_to(out) for p in existing_outputs(out, outputs(verb))}
@@ -161,8 +195,9 @@ def suffixes(verb: str, first_runs) -> list[str]:
 
 
 @pytest.mark.parametrize("verb", [*QUICK, *PAGES])
-def test_a_failed_write_leaves_the_earlier_outputs_as_they_were(verb, work, first_runs, tmp_path,
-                                                                monkeypatch):  # fmt: skip
+def test_a_failed_write_leaves_the_earlier_outputs_as_they_were(
+    verb, work, first_runs, tmp_path, monkeypatch
+):
     """The verb's last kind of file (by suffix) cannot be written: its earlier outputs are
     all kept, nothing new is on disk (the slow test below tries every kind)."""
     out = tmp_path / "out"
@@ -176,8 +211,9 @@ def test_a_failed_write_leaves_the_earlier_outputs_as_they_were(verb, work, firs
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verb", list(QUICK))
-def test_any_kind_of_output_that_fails_leaves_the_earlier_outputs(verb, work, first_runs,
-                                                                  tmp_path, monkeypatch):  # fmt: skip
+def test_any_kind_of_output_that_fails_leaves_the_earlier_outputs(
+    verb, work, first_runs, tmp_path, monkeypatch
+):
     for suffix in suffixes(verb, first_runs):
         out = tmp_path / suffix.strip(".") / "out"
         shutil.copytree(first_runs[verb], out)
@@ -210,8 +246,13 @@ def test_a_second_writer_is_refused_naming_the_first(verb, work, first_runs, tmp
 def test_a_move_into_place_that_fails_puts_everything_back(tmp_path, monkeypatch, fail_at, error):
     out = tmp_path / "out"
     (out / "figures").mkdir(parents=True)
-    for name, text in [("a.csv", "old a"), ("b.json", "old b"), ("figures/p_1.png", "old fig"),
-                       ("figures/q.png", "not ours"), ("stale.csv", "old stale")]:  # fmt: skip
+    for name, text in [
+        ("a.csv", "old a"),
+        ("b.json", "old b"),
+        ("figures/p_1.png", "old fig"),
+        ("figures/q.png", "not ours"),
+        ("stale.csv", "old stale"),
+    ]:
         (out / name).write_text(text)
     before = snapshot(tmp_path)
     real, moves = os.replace, []
@@ -245,7 +286,10 @@ def test_a_transaction_that_succeeds_replaces_only_what_it_names(tmp_path):
         (stage / "a.csv").write_text("new")
         (stage / "figures" / "p_2.png").write_text("new")
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
-        "a.csv": "new", "figures/p_2.png": "new", "figures/q.png": "not ours"}  # fmt: skip
+        "a.csv": "new",
+        "figures/p_2.png": "new",
+        "figures/q.png": "not ours",
+    }
     assert leftovers(tmp_path) == []
 
 
@@ -262,8 +306,9 @@ def staged(parent: Path, with_a_file: bool) -> bool:
 @pytest.mark.parametrize("moment", ["starting", "working", "written"])
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.parametrize("verb", SIGNALLED)
-def test_a_signal_leaves_the_earlier_outputs_as_they_were(verb, sig, code, moment, work,
-                                                          first_runs, tmp_path):  # fmt: skip
+def test_a_signal_leaves_the_earlier_outputs_as_they_were(
+    verb, sig, code, moment, work, first_runs, tmp_path
+):
     """The console script, a real process, stopped while it starts or once it has begun
     writing: exit 130 or 143 with one line and no traceback (or ended by the system before
     a line of fbt-probe ran), the earlier outputs as they were and nothing new on disk; where
@@ -274,9 +319,13 @@ def test_a_signal_leaves_the_earlier_outputs_as_they_were(verb, sig, code, momen
     out = tmp_path / "out"
     shutil.copytree(first_runs[verb], out)
     before = snapshot(tmp_path)
-    p = subprocess.Popen([str(script), *argv(verb, work, out)[0:], "--force"], cwd=work[0],
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    p = subprocess.Popen(
+        [str(script), *argv(verb, work, out)[0:], "--force"],
+        cwd=work[0],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     t0 = time.monotonic()
     if moment == "starting":
         time.sleep(0.3)

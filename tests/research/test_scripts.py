@@ -117,8 +117,23 @@ def test_init_mix_takes_the_named_parameters_from_the_other_seed_and_trains_as_t
 
     # bad input: one line, exit 2, nothing written
     out = tmp_path / "bad"
-    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--params", "nope",
-                    "--out", str(out)]) == 2  # fmt: skip
+    assert (
+        im.main(
+            [
+                "--recipe",
+                "tiny",
+                "--seed",
+                "1",
+                "--from-seed",
+                "0",
+                "--params",
+                "nope",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert (
         capsys.readouterr().err.strip() == "error: --params 'nope' names no parameter of the model"
     )
@@ -139,8 +154,23 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
     rest = im.token_rows("not:registers,V0")
     assert len(rest) == vocab.VOCAB_SIZE - 9 and not set(rest) & set(regs)
     out = tmp_path / "mix"
-    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens",
-                    "registers", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        im.main(
+            [
+                "--recipe",
+                "tiny",
+                "--seed",
+                "1",
+                "--from-seed",
+                "0",
+                "--tokens",
+                "registers",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     cfg = named_config("tiny")
     a, b = FBTModel(cfg.model, seed=1), FBTModel(cfg.model, seed=0)
     got = load_model(out)
@@ -151,12 +181,44 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
             assert torch.equal(t, a.state_dict()[n]), n
     capsys.readouterr()
     bad = tmp_path / "bad"
-    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens", "RZ",
-                    "--out", str(bad)]) == 2  # fmt: skip
+    assert (
+        im.main(
+            [
+                "--recipe",
+                "tiny",
+                "--seed",
+                "1",
+                "--from-seed",
+                "0",
+                "--tokens",
+                "RZ",
+                "--out",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.startswith("error: --tokens 'RZ' is neither a token nor a group")
     assert not bad.exists()
-    assert im.main(["--recipe", "tiny", "--seed", "1", "--from-seed", "0", "--tokens", "RA",
-                    "--params", "W_E", "--out", str(bad)]) == 2  # fmt: skip
+    assert (
+        im.main(
+            [
+                "--recipe",
+                "tiny",
+                "--seed",
+                "1",
+                "--from-seed",
+                "0",
+                "--tokens",
+                "RA",
+                "--params",
+                "W_E",
+                "--out",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "not both" in capsys.readouterr().err and not bad.exists()
 
 
@@ -175,9 +237,18 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     ds = load(path)
     model, name = resolve_model("default")
     r = pe.probe_errors(model, ds)
-    df = run_fit(model, name, ("done_tracking",), ("recurrent",), {"done_tracking": path},
-                 tmp_path / "fit", controls=False, per_count=False, cache_dir=None,
-                 save_probes=False)  # fmt: skip
+    df = run_fit(
+        model,
+        name,
+        ("done_tracking",),
+        ("recurrent",),
+        {"done_tracking": path},
+        tmp_path / "fit",
+        controls=False,
+        per_count=False,
+        cache_dir=None,
+        save_probes=False,
+    )
     cell = df[(df.depth == 0) & (df.model == "trained")].iloc[0]
     assert r["accuracy"] == pytest.approx(cell.accuracy, abs=1e-12)
     rows = np.flatnonzero(ds.n_distractors >= 1)
@@ -226,9 +297,16 @@ def test_the_design_comparison_tabulates_each_measure_by_design_with_every_seed(
 
     dz = _script("designs")
     cols = [c for c, _ in dz.MEASURES]
-    rows = [{"design": d, "seed": s, "verdict": "converging", **{c: 0.1 * (i + 1) for c in cols},
-             "delayed_memory/full": v} for i, (d, s, v) in
-            enumerate([("paper", 0, 0.5), ("paper", 1, 1.0), ("none", 0, 0.25)])]  # fmt: skip
+    rows = [
+        {
+            "design": d,
+            "seed": s,
+            "verdict": "converging",
+            **{c: 0.1 * (i + 1) for c in cols},
+            "delayed_memory/full": v,
+        }
+        for i, (d, s, v) in enumerate([("paper", 0, 0.5), ("paper", 1, 1.0), ("none", 0, 0.25)])
+    ]
     dz.write_markdown(pd.DataFrame(rows), tmp_path / "t.md")
     lines = (tmp_path / "t.md").read_text().splitlines()
     assert lines[0] == "| measure | paper | none |"

@@ -99,9 +99,11 @@ def test_the_smollm2_choice(encoding):
     if encoding.source != "smollm2":
         pytest.skip("SmolLM2's own words")
     # " ZERO" is two tokens there, " DONE" too, and " V0" / " V1" share their first token
-    assert encoding.label_words == {"delayed_memory": ("zero", "one"),
-                                    "done_tracking": ("more", "done"),
-                                    "multi_register": tuple("ABCDEFGHIJ")}  # fmt: skip
+    assert encoding.label_words == {
+        "delayed_memory": ("zero", "one"),
+        "done_tracking": ("more", "done"),
+        "multi_register": tuple("ABCDEFGHIJ"),
+    }
 
 
 def test_without_single_tokens_the_built_in_words_stay():
@@ -113,8 +115,7 @@ def test_without_single_tokens_the_built_in_words_stay():
     chosen = choose_label_words(tok)
     for task, words in chosen.items():
         if words != get_task(task).LABELS:
-            assert all(len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1
-                       for w in words)  # fmt: skip
+            assert all(len(tok(" " + w, add_special_tokens=False)["input_ids"]) == 1 for w in words)
 
 
 def test_a_recorded_choice_is_kept_and_changes_the_fingerprint(tmp_path):

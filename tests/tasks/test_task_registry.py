@@ -159,14 +159,28 @@ def test_a_dataset_of_an_unregistered_task_says_what_is_missing(toy, tmp_path):
 
 def test_a_task_gets_twins_by_defining_twin(toy, tmp_path):
     mod, _ = toy
-    r = CliRunner().invoke(app, ["generate", "--task", mod.NAME, "--twins", "--n-groups", "6",
-                                 "--distractors", "1,4", "--out", str(tmp_path / "t.parquet")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--task",
+            mod.NAME,
+            "--twins",
+            "--n-groups",
+            "6",
+            "--distractors",
+            "1,4",
+            "--out",
+            str(tmp_path / "t.parquet"),
+        ],
+    )
     assert r.exit_code == 1 and "defines no twins" in r.stderr
     assert not (tmp_path / "t.parquet").exists()
     mod.twin = lambda bit, params, group=0: (1 - bit, 0)
     try:
-        path = generate_dataset(mod.NAME, tmp_path / "t.parquet", n_groups=6, distractors=(1, 4),
-                                twins=True)  # fmt: skip
+        path = generate_dataset(
+            mod.NAME, tmp_path / "t.parquet", n_groups=6, distractors=(1, 4), twins=True
+        )
         ds = load(path)
         assert (ds.twin_target == 0).all() and (ds.twin_position == 2).all()
         assert all(a != b for a, b in zip(ds.labels, ds.twin_labels, strict=True))

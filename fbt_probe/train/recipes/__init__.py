@@ -115,8 +115,13 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 
-def build_recipe(*, config: str | None = None, overrides: list[str] | None = None,
-                 init_from: str | Path | None = None, run_dir: Path | None = None) -> TrainConfig:  # fmt: skip
+def build_recipe(
+    *,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    init_from: str | Path | None = None,
+    run_dir: Path | None = None,
+) -> TrainConfig:
     """The recipe a command trains: ``config`` (a name or a file; default 'default', or the
     recipe ``run_dir`` was started with when it has one), ``--set`` ``overrides`` applied,
     and ``init_from`` a model folder to start from."""
@@ -133,8 +138,14 @@ def build_recipe(*, config: str | None = None, overrides: list[str] | None = Non
     return cfg
 
 
-def describe(*, config: str | None = None, overrides: list[str] | None = None,
-             init_from: str | Path | None = None, cost: bool = False, world_size: int = 8) -> str:  # fmt: skip
+def describe(
+    *,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    init_from: str | Path | None = None,
+    cost: bool = False,
+    world_size: int = 8,
+) -> str:
     """``fbt-probe recipe``: the resolved recipe (JSON) and its phase table, or with ``cost``
     its parameter count, FLOPs per token and memory per rank over ``world_size`` ranks (the
     model built on the meta device: nothing allocated, nothing trained)."""
