@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
-from probes.common.verbs import (  # noqa: E402
+from probes.verbs import (  # noqa: E402
     SIGNALLED,
     Command,
     Verbs,
@@ -394,9 +394,9 @@ def eval_(
 ) -> None:
     """Answer accuracy on held-out data per task x decoding mode x distractor count.
 
-    Library: fbt_probe.evaluate.evaluate_model."""
+    Library: fbt_probe.kernels.evaluate.evaluate_model."""
 
-    from fbt_probe.evaluate import evaluate_model, format_eval
+    from fbt_probe.kernels.evaluate import evaluate_model, format_eval
 
     with bars("eval", 1) as bar:
         name, summary, per_reg, skipped = evaluate_model(

@@ -125,7 +125,7 @@ def report(args, name: str, n: int, rows: list[dict]) -> None:
 def head_patch_rows(model, twins) -> list[dict]:
     """Per layer: its head patches against (heads + 1) runs from it, and one run from it
     against one from layer 0 (one batch of twins, recurrent prefill)."""
-    from fbt_probe.patching import clean_run, patched_output, replace_where
+    from fbt_probe.kernels.patching import clean_run, patched_output, replace_where
     from fbt_probe.prefill import parse_prefill
     from probes.common.twins import batches, pairs_of
     from probes.patch.run import _layer_from, head_hook, twin_acts

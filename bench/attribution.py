@@ -1,4 +1,4 @@
-"""Attribution benchmark: what one attribution sweep (``fbt_probe.attribution``) costs, and how
+"""Attribution benchmark: what one attribution sweep (``fbt_probe.kernels.attribution``) costs, and how
 well it agrees with exact patching.
 
 Cost, on the same batches of aligned twins (the task's first ``--batches`` batches):
@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from bench.common import best_of, machine, peak_tensor_memory, table, write_json
-from fbt_probe.attribution import attribute, site_names
+from fbt_probe.kernels.attribution import attribute, site_names
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
 from probes.attribute.check import batch_inputs
 from probes.common.extract import max_batch_tokens
+from probes.common.metrics import Record
 from probes.common.twins import batches, pairs_of
-from probes.intervene.metrics import Record
 from probes.patch.run import patch_batch
 from tasks.dataset import load
 from tasks.generate import generate_dataset

@@ -41,7 +41,7 @@ def model_of(target: int) -> FBTModel:
 
 def train_cost() -> list[dict]:
     """Seconds of forward and backward per design on the same batches (see the docstring)."""
-    from fbt_probe.distributed import World
+    from fbt_probe.train.distributed import World
     from fbt_probe.train.objective import train_step
     from fbt_probe.train.recipes import named_config
     from fbt_probe.train.start import build_model

@@ -97,11 +97,12 @@ def train_rates(folder: str, steps: int = 4) -> list[dict]:
     learning alone, with the fusion and upcycle-smollm2-lora's adapters, and with all."""
     import resource
 
+    from fbt_probe.batch import make_batch
     from fbt_probe.hf import load_hf
     from fbt_probe.train.objective import multipass_loss
     from fbt_probe.train.recipes import named_config
     from fbt_probe.train.start import lora_spec, make_optimizer, set_learning
-    from fbt_probe.train.steps import draw_step, make_batch
+    from fbt_probe.train.steps import draw_step
 
     rows = []
     lora = named_config("upcycle-smollm2-lora").optim

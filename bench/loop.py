@@ -1,4 +1,4 @@
-"""Closed-loop benchmark: what ``fbt-probe loop``'s battery (``fbt_probe.generation
+"""Closed-loop benchmark: what ``fbt-probe loop``'s battery (``fbt_probe.kernels.generation
 .closed_loop``) costs against generating each example once per intervention.
 
 On the same batches of twins of a generated-answer task, for each decoding mode:
@@ -24,8 +24,8 @@ import torch
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.decode import decode
-from fbt_probe.generation import KINDS, SITES, closed_loop
 from fbt_probe.hooks import at
+from fbt_probe.kernels.generation import KINDS, SITES, closed_loop
 from fbt_probe.loading import resolve_model
 from probes.common.decoding import by_length, prompts
 from tasks.dataset import load

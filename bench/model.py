@@ -13,7 +13,7 @@ import torch
 
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.config import FBTConfig
-from fbt_probe.decode import generate
+from fbt_probe.decode import generate_tokens
 from fbt_probe.stack import FBTModel
 
 B, T = 32, 260
@@ -52,10 +52,10 @@ def decode_rates(model, batch: int) -> dict:
     res = {}
     for mode in ("standard", "soft"):
         t = best_of(
-            lambda mode=mode: generate(model, prompt, mode=mode, max_new_tokens=n), repeats=3
+            lambda mode=mode: generate_tokens(model, prompt, mode=mode, max_new_tokens=n), repeats=3
         )
         t_prefill = best_of(
-            lambda mode=mode: generate(model, prompt, mode=mode, max_new_tokens=1), repeats=3
+            lambda mode=mode: generate_tokens(model, prompt, mode=mode, max_new_tokens=1), repeats=3
         )
         res[mode] = (t - t_prefill) / (n - 1)
     D, L, F, V = cfg.d_model, cfg.n_layers, cfg.d_mlp, cfg.d_vocab

@@ -17,7 +17,7 @@ import numpy as np
 from bench.common import best_of, machine, table, write_json
 from fbt_probe.loading import resolve_model
 from probes.common.extract import extract_features
-from probes.fit.run import run_fit
+from probes.fit.run import fit_protocol
 from tasks import TASK_NAMES
 from tasks.dataset import load
 from tasks.generate import generate_dataset
@@ -41,7 +41,7 @@ def main() -> None:
         t_full = best_of(lambda: extract_features(model, ds, "full"), repeats=1, warmup=0)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        df = run_fit(
+        df = fit_protocol(
             model,
             name,
             TASK_NAMES,

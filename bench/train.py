@@ -39,10 +39,11 @@ from pathlib import Path
 import torch
 
 from bench.common import machine, matmul_flops, table, write_json
+from fbt_probe.batch import make_batch
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.objective import multipass_loss, warm_states
 from fbt_probe.train.recipes import named_config
-from fbt_probe.train.steps import make_batch, plan_of
+from fbt_probe.train.steps import plan_of
 
 
 def step_flops(cfg, batch) -> float:
@@ -64,7 +65,7 @@ def useful_flops(cfg, examples, passes: int, warm: int, exact: bool, grad_only=F
     exact recurrence runs each token once, a Jacobi warm-up ``warm`` times). A forward pass
     is 2 FLOPs per weight of every matmul per token (the fusion in feedback passes) plus
     causal attention, 2·2·L·D·n(n+1)/2 for a sequence of n tokens."""
-    from fbt_probe.costs import matmul_flops
+    from fbt_probe.train.costs import matmul_flops
 
     L, D = cfg.model.n_layers, cfg.model.d_model
     lens = [len(ex.tokens) for ex in examples]
@@ -88,7 +89,7 @@ def representative_steps(cfg, model, opt) -> dict:
     step by step so that drift of a shared machine hits both alike; their useful FLOPs."""
     import time
 
-    from fbt_probe.distributed import World
+    from fbt_probe.train.distributed import World
     from fbt_probe.train.objective import train_step
     from fbt_probe.train.steps import draw_step, step_parts
 
@@ -232,7 +233,7 @@ def warm_up_share(cfg, model) -> dict:
     every trained model)."""
     import time
 
-    from fbt_probe.distributed import World
+    from fbt_probe.train.distributed import World
     from fbt_probe.train.objective import train_step
     from fbt_probe.train.steps import draw_step, example_lengths, fixed_point_draw, step_parts
 
@@ -294,7 +295,7 @@ def distributed_throughput() -> list[dict]:
     import json
     import tempfile
 
-    from fbt_probe.distributed import spawn_local
+    from fbt_probe.train.distributed import spawn_local
     from fbt_probe.train.loop import train
 
     rows = []

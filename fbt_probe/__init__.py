@@ -11,7 +11,7 @@ Passes are counted from 1 everywhere: ``at(fn, on_pass=2)``, ``caches.of_pass(2)
 ``hook.ctx["pass_number"]``, the CLI's ``--pass`` and every table's ``pass`` column.
 """
 
-from tasks import imports
+from fbt_probe.util import imports
 
 __version__ = "0.2.0"
 
@@ -35,7 +35,7 @@ _SURFACE = {
     "MODES": "fbt_probe.prefill",
     "at": "fbt_probe.hooks",
     "HookContext": "fbt_probe.hooks",
-    "generate": "fbt_probe.decode",
+    "generate_tokens": "fbt_probe.decode",
     "run_recurrence": "fbt_probe.recurrence",
     "model_hash": "fbt_probe.checkpoint",
     "save_model": "fbt_probe.checkpoint",
@@ -52,18 +52,3 @@ __getattr__ = imports.lazy_attributes("fbt_probe", _SURFACE)
 
 def __dir__():
     return sorted(__all__)
-
-
-# modules that moved when fbt_probe was laid out by concern
-imports.install(
-    {
-        "fbt_probe.convert": "fbt_probe.hf.convert",
-        "fbt_probe.hf_tiny": "fbt_probe.hf.tiny",
-        "fbt_probe.model": "fbt_probe.feedback (FeedbackModel, its outputs) or fbt_probe.stack (FBTModel)",
-        "fbt_probe.recipes": "fbt_probe.train.recipes",
-        "fbt_probe.registry": "fbt_probe.loading",
-        "fbt_probe.schedule": "fbt_probe.train.schedule",
-        "fbt_probe.steps": "fbt_probe.train.steps",
-        "fbt_probe.train_config": "fbt_probe.train.config",
-    }
-)

@@ -18,8 +18,8 @@ from fbt_probe import __version__
 from fbt_probe.config import FBTConfig
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.stack import FBTModel
+from fbt_probe.util.files import atomic_write
 from tasks import vocab
-from tasks.safe_files import atomic_write
 
 WEIGHTS, CONFIG, META = "model.safetensors", "config.json", "meta.json"
 

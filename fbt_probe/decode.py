@@ -123,7 +123,7 @@ def decode(
 
 
 @torch.no_grad()
-def generate(
+def generate_tokens(
     model: FeedbackModel,
     prompt: torch.Tensor,
     mode: str | DecodeMode = "soft",
@@ -161,7 +161,7 @@ def generate_ragged(
         for s in range(0, len(idx), batch_size):
             chunk = idx[s : s + batch_size]
             x = torch.tensor([list(prompts[i]) for i in chunk], device=device)
-            toks = generate(model, x, mode, max_new_tokens).tolist()
+            toks = generate_tokens(model, x, mode, max_new_tokens).tolist()
             for i, t in zip(chunk, toks, strict=True):
                 out[i] = t
     return out

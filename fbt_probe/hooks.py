@@ -5,7 +5,7 @@ Every forward of a ``FeedbackModel`` (Jacobi passes, the sequential recurrence, 
 ``hook.ctx`` before each pass: ``"pass_number"`` (counted from 1, as everywhere in
 fbt-probe; None outside Jacobi passes), ``"step"`` (the position the recurrence or the
 decoder computes, None in Jacobi passes) and ``"first_position"`` (the absolute position of
-the tensor's first entry); while ``fbt_probe.decode.generate`` generates, ``"decode_step"`` is
+the tensor's first entry); while ``fbt_probe.decode.generate_tokens`` generates, ``"decode_step"`` is
 s for the step that reads generated token s - 1 (fused with its top state, in the modes that
 feed it back) and produces token s (None in the prompt's prefill, which produces token 0).
 ``at`` reads them::
@@ -20,7 +20,7 @@ patches the fed-back state of pass 2 at position 7 only; pass 1 and every other 
 what they would have seen. While generating, ``at(patch, decode_steps=3)`` patches generated
 step 3 only, in every decoding mode::
 
-    generate(model, prompt, "fused", 8, fwd_hooks=[("fusion.hook_state", at(patch, decode_steps=3))])
+    generate_tokens(model, prompt, "fused", 8, fwd_hooks=[("fusion.hook_state", at(patch, decode_steps=3))])
  Hooks are added by TransformerLens's ``run_with_hooks`` or
 ``model.hooks(...)`` context manager, so none stays registered after an error.
 """

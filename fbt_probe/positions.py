@@ -5,7 +5,7 @@ being ``hook.ctx["first_position"]`` (0 in a Jacobi pass, t in step t of the rec
 decoding). The axis is the HookPoint's own ``pos_dim`` (1 unless the HookPoint says otherwise:
 an attention pattern, (batch, head, query_pos, key_pos), says 2). ``select_positions`` is the
 one place that maps absolute positions onto a hook's tensor; ``fbt_probe.hooks.at``,
-``fbt_probe.patching.replace_where`` and the caches of ``FeedbackModel`` use it.
+``fbt_probe.kernels.patching.replace_where`` and the caches of ``FeedbackModel`` use it.
 """
 
 from __future__ import annotations

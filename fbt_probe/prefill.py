@@ -26,7 +26,7 @@ import torch
 
 from fbt_probe.feedback import FeedbackModel, PassOutput
 from fbt_probe.recurrence import run_recurrence
-from tasks.lists import comma_items, once
+from fbt_probe.util.lists import comma_items, once
 
 # as stability's --passes: far beyond where the Jacobi map has converged or diverged
 MAX_PASSES = 1000
@@ -125,16 +125,11 @@ def jacobi_passes(
     return pf.passes
 
 
-def parse_prefills(spec: str, passes: int | None = None) -> tuple[Prefill, ...]:
+def parse_prefills(spec: str) -> tuple[Prefill, ...]:
     """``--prefill``'s value: one word, a comma-separated list or ``all`` (standard,
-    recurrent, full); ``passes`` adds k<passes>. Each prefill once, in order."""
+    recurrent, full). Each prefill once, in order."""
     words = PREFILLS if spec == "all" else comma_items(spec, "--prefill")
-    out = list(once((parse_prefill(w) for w in words), "--prefill", spec))
-    if passes is not None:
-        if not 1 <= passes <= MAX_PASSES:
-            raise ValueError(f"--passes must be in 1..{MAX_PASSES}")
-        out.append(Prefill(passes))
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(once((parse_prefill(w) for w in words), "--prefill", spec)))
 
 
 @dataclass(frozen=True)

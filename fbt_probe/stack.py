@@ -51,7 +51,7 @@ class _Growing:
 
 class GrowingKVCache(KVCache):
     """A ``KVCache`` that keeps the autograd graph: what gradients through the exact recurrence
-    run on (``fbt_probe.attribution``); slower than the preallocated one."""
+    run on (``fbt_probe.kernels.attribution``); slower than the preallocated one."""
 
     def __init__(self, cfg: FBTConfig):
         self.k, self.v = _Growing(cfg.n_layers), _Growing(cfg.n_layers)

@@ -20,14 +20,15 @@ with a toy analysis.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
-from probes.common.options import check_bounds
-from tasks import imports
-from tasks.registry import Registry
-from tasks.transaction import transaction
+from fbt_probe.util import imports
+from fbt_probe.util.registry import Registry
+from fbt_probe.util.transaction import transaction
+from probes.common.options import check_options
 
 
 class Figure:
@@ -70,7 +71,7 @@ class Analysis:
     ``figures``: redraws its figures from the tables it saved under a results folder and
     returns how many it drew (``fbt-probe plot``); ``moved``: options that are gone, each
     with what replaces it (``<N>``: the value given), refused in one line; ``outputs``: the
-    names it writes in its ``--out`` folder (glob patterns, ``tasks.transaction``):
+    names it writes in its ``--out`` folder (glob patterns, ``fbt_probe.util.transaction``):
     an earlier run's are replaced only with ``--force``, and all of them at once."""
 
     __slots__ = (
@@ -145,7 +146,7 @@ class Analysis:
             changes["model"] = model
         if changes:
             opts = replace(opts, **changes)
-        check_bounds(opts)
+        check_options(opts)
         run = resolve(self.run)
         if not hasattr(opts, "out"):
             return run(opts, progress)
@@ -208,3 +209,77 @@ def get_analysis(name: str) -> Analysis:
 
 def analysis_names() -> tuple[str, ...]:
     return ANALYSES.names()
+
+
+# ---- the library call: ``run_<name>``, generated from the options ----------------------------
+REGISTERED = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
+
+
+def help_list(name: str) -> str:
+    """What a help text's ``{tasks}``, ``{recipes}``, ``{interventions}`` or ``{analyses}``
+    names: what is registered now, read only when that help is shown."""
+    from tasks import TASK_NAMES, TASKS, task_names
+
+    if name == "recipes":
+        return ", ".join(imports.resolve("fbt_probe.train.recipes:recipe_names")())
+    if name == "interventions":  # the registry imports torch: only where a help names it
+        return ", ".join(imports.resolve("probes.intervene.registry:REGISTRY"))
+    if name == "tasks":  # the built-in tasks' names need not import them (and numpy)
+        return ", ".join(task_names() if TASKS.loaded else TASK_NAMES)
+    return ", ".join(ANALYSES)
+
+
+def with_lists(text: str) -> str:
+    """``text`` with each ``{tasks}`` (...) replaced by what is registered now."""
+    return REGISTERED.sub(lambda m: help_list(m.group(1)), text)
+
+
+def option_helps(options_class: type) -> dict[str, str]:
+    """Each option's help as ``--help`` shows it and ``run_<name>``'s docstring says it: the
+    field's docstring, then its bounds."""
+    from probes.common.options import option_help
+
+    docs = option_help(options_class)
+    for f in fields(options_class):
+        bounds = f.metadata.get("click", {})
+        said = [
+            f"{w} {bounds[k]}" for k, w in (("min", "at least"), ("max", "at most")) if k in bounds
+        ]
+        if said and docs.get(f.name):
+            docs[f.name] += f" [{', '.join(said)}]"
+    return docs
+
+
+def library_call(analysis: Analysis) -> Callable[..., Result]:
+    """``run_<name>``: ``analysis`` as a library call whose parameters are its options' fields
+    (``model`` first, positional too; the rest by keyword, with the command line's defaults)
+    and ``progress`` (a callable ``(done, total, label)``). It checks and runs them as the verb
+    does, outputs in one transaction, and returns the ``Result``."""
+    import inspect
+    import typing
+
+    cls = analysis.options_class
+    hints, params = typing.get_type_hints(cls), []
+    for f in sorted(fields(cls), key=lambda f: f.name != "model"):
+        kind = inspect.Parameter.KEYWORD_ONLY
+        if f.name == "model":
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        default = f.default if f.default is not MISSING else f.default_factory()
+        params.append(inspect.Parameter(f.name, kind, default=default, annotation=hints[f.name]))
+    params.append(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None))
+    signature = inspect.Signature(params, return_annotation=Result)
+
+    def run_analysis(*args, **kwargs) -> Result:
+        chosen = dict(signature.bind(*args, **kwargs).arguments)
+        progress = chosen.pop("progress", None)
+        return analysis(options=cls(**chosen), progress=progress)
+
+    helps = option_helps(cls)
+    lines = [with_lists(analysis.help), "", "Options, as on the command line:"]
+    lines += [f"    {p.name}: {with_lists(helps.get(p.name, ''))}" for p in params[:-1]]
+    lines += ["    progress: a callable (done, total, label) the work reports to.", ""]
+    lines += [f"The command line: {analysis.example}"]
+    run_analysis.__signature__ = signature
+    run_analysis.__name__ = run_analysis.__qualname__ = f"run_{analysis.name}"
+    run_analysis.__doc__, run_analysis.__module__ = "\n".join(lines), "probes"
+    return run_analysis

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbt_probe.evaluate import heldout_examples
-from fbt_probe.heads import pair_weights
+from fbt_probe.kernels.evaluate import heldout_examples
+from fbt_probe.kernels.heads import pair_weights
 from fbt_probe.loading import resolve_model
 from tasks import vocab
 
@@ -31,7 +31,7 @@ def examples(n_groups: int, counts: tuple[int, ...], seed: int):
 
 @torch.no_grad()
 def measure(model, exs, passes: int) -> dict:
-    """Each example's attention weights in the last pass, from ``fbt_probe.heads.pair_weights``
+    """Each example's attention weights in the last pass, from ``fbt_probe.kernels.heads.pair_weights``
     (the pass-aware weights of chosen query positions on chosen key positions)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     last = np.zeros((n_layers, n_heads))

@@ -33,16 +33,16 @@ MODES = ("standard", "soft", "fused", "full")
 
 def interchange(run: Path) -> dict:
     """Flip rates of the two interchanges on each task under recurrent prefill."""
+    from fbt_probe.kernels.patching import STATE_HOOK
     from fbt_probe.loading import resolve_model
-    from fbt_probe.patching import STATE_HOOK
     from probes.intervene.registry import TOKEN_SITE
-    from probes.intervene.run import run_intervene
+    from probes.intervene.run import intervene_battery
 
     out = run / "interchange"
     csv = out / "interventions.csv"
     if not csv.is_file():
         model, name = resolve_model(str(run))
-        run_intervene(
+        intervene_battery(
             model,
             name,
             [(t, "recurrent") for t in TASKS],
@@ -72,7 +72,7 @@ def interchange(run: Path) -> dict:
 
 def contraction(run: Path) -> dict:
     """The state change at pass 30 over pass 2's, and the stability verdict."""
-    from fbt_probe.stability import verdict
+    from fbt_probe.kernels.stability import verdict
     from probes.stability.run import stability
 
     out = run / "stability"

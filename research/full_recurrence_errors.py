@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fbt_probe.decode import generate_ragged
-from fbt_probe.evaluate import heldout_examples
+from fbt_probe.kernels.evaluate import heldout_examples
 from fbt_probe.loading import resolve_model
 from tasks import vocab
 

@@ -237,7 +237,7 @@ def setup(root: Path) -> None:
 
 def audit(only: str = "") -> list[tuple[str, str]]:
     """(case, outcome) of every case whose name holds ``only``, run in a scratch folder."""
-    import fbt_probe.budget as budget
+    import fbt_probe.runtime.budget as budget
 
     results, cwd, limit = [], os.getcwd(), budget.LIMIT_SECONDS
     with tempfile.TemporaryDirectory() as tmp:

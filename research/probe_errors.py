@@ -20,9 +20,9 @@ import numpy as np
 
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
+from probes.common.cv import N_FOLDS, cross_validate, grouped_splits
 from probes.common.extract import RESID, extract_features
-from probes.fit.cv import N_FOLDS, cross_validate, grouped_splits
-from probes.fit.probe import probe_class
+from probes.common.probe import probe_class
 from probes.fit.run import Cell, cell_data, targets_of
 from tasks import vocab
 from tasks.dataset import load

@@ -20,10 +20,8 @@ a new task is one module that registers itself.
 
 from __future__ import annotations
 
-from tasks import imports
-from tasks.registry import Registry
-
-imports.install({"tasks.files": "tasks.safe_files"})
+from fbt_probe.util import imports
+from fbt_probe.util.registry import Registry
 
 TASK_NAMES = ("delayed_memory", "done_tracking", "multi_register")  # the built-in tasks
 # built-in tasks whose answer is generated over many tokens (``GENERATED = True``): the
@@ -102,7 +100,7 @@ _LAZY = {
     "generate_dataset": "tasks.generate:generate_dataset",
     "load_dataset": "tasks.dataset:load",
     "Dataset": "tasks.dataset:Dataset",
-    "Registry": "tasks.registry:Registry",
+    "Registry": "fbt_probe.util.registry:Registry",
 }
 __all__ = [
     "TASKS",

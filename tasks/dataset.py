@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fbt_probe.util.files import atomic_write
+from fbt_probe.util.lists import comma_numbers
 from tasks import vocab
 from tasks.base import DEFAULT_DISTRACTORS, Example, check_counts
-from tasks.lists import comma_numbers
-from tasks.safe_files import atomic_write
 
 SCHEMA_VERSION = "1"
 META_KEY = b"fbt_probe"

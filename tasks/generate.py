@@ -6,6 +6,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from fbt_probe.util.files import check_output_file, claim
 from tasks import get_task
 from tasks.base import (
     DEFAULT_DISTRACTORS,
@@ -15,7 +16,6 @@ from tasks.base import (
     generate_twins,
 )
 from tasks.dataset import build_meta, content_hash, parse_distractors, to_table, write_table
-from tasks.safe_files import check_output_file, claim
 
 DEFAULT_N_GROUPS = 128
 DEFAULT_SEED = 1234

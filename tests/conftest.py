@@ -31,14 +31,14 @@ def tiny_llama(tmp_path_factory):
 def fitted(tmp_path_factory):
     """The default model, a small delayed_memory set and its saved probes (two prefills)."""
     from fbt_probe.loading import resolve_model
-    from probes.fit.run import run_fit
+    from probes.fit.run import fit_protocol
 
     tmp = tmp_path_factory.mktemp("view")
     model, name = resolve_model("default")
     data = generate_dataset(
         "delayed_memory", tmp / "dm.parquet", n_groups=12, distractors=(1, 6), seed=3
     )
-    run_fit(
+    fit_protocol(
         model,
         name,
         ("delayed_memory",),

@@ -260,3 +260,191 @@ def test_every_verb_spells_and_counts_passes_one_way():
     runs_passes = {"fit", "intervene", "lens", "trajectory", "patch", "heads", "stability", "view"}
     for verb in runs_passes:
         assert any("--prefill" in getattr(p, "opts", ()) for p in seen[verb].params), verb
+
+
+# ---- layering: each module imports only from its own layer or the layers below ----------
+# the layers, lowest first; a module belongs to the layer of its longest matching prefix
+LAYERS = (
+    ("util", ("fbt_probe.util",)),
+    ("runtime", ("fbt_probe.runtime",)),
+    ("tasks", ("tasks",)),
+    ("model", ("fbt_probe",)),
+    ("hf/train", ("fbt_probe.hf", "fbt_probe.train", "fbt_probe.loading")),
+    ("kernels", ("fbt_probe.kernels",)),
+    ("analyses", ("probes",)),
+    ("cli", ("cli",)),
+)
+OURS = ("fbt_probe", "tasks", "probes", "cli")
+# what one analysis folder may import from probes: what they share, and the registry
+SHARED = ("probes.common", "probes.analysis")
+
+
+def layer_of(module: str) -> int:
+    best = (-1, -1)
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best[1]:
+                best = (i, len(p))
+    return best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(module, names) of every import of ours in ``path``, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in OURS:
+                found.append((node.module, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, ()) for a in node.names if a.name.split(".")[0] in OURS]
+    return found
+
+
+def test_every_module_imports_only_its_own_layer_or_lower():
+    upward = []
+    files = _python_files(*LIBRARY)
+    for f in files:
+        here = module_name(f)
+        for target, _ in imports_of(f):
+            if layer_of(target) > layer_of(here):
+                upward.append(
+                    f"{here} ({LAYERS[layer_of(here)][0]}) imports {target} "
+                    f"({LAYERS[layer_of(target)][0]})"
+                )
+    assert len(files) > 100 and all(layer_of(module_name(f)) >= 0 for f in files)
+    assert upward == []
+
+
+def test_the_layer_rule_can_fail():
+    assert layer_of("fbt_probe.util.files") < layer_of("tasks.vocab") < layer_of("fbt_probe.stack")
+    assert layer_of("fbt_probe.stack") < layer_of("fbt_probe.hf.wrapper") < layer_of("probes.fit")
+    assert layer_of("fbt_probe.kernels.lens") > layer_of("fbt_probe.train.loop")
+
+
+def test_no_package_imports_one_that_imports_it_back():
+    """Folders as packages (a package's own subfolders are part of it): no two import each
+    other, directly or round a longer loop."""
+
+    def package(module: str) -> str:
+        path = ROOT / Path(*module.split("."))
+        top = ".".join(module.split(".")[:2]) if path.is_dir() else module.rsplit(".", 1)[0]
+        return top if "." in module else module
+
+    edges: dict[str, set[str]] = {}
+    for f in _python_files("fbt_probe", "tasks", "probes"):
+        here = package(module_name(f))
+        for target, names in imports_of(f):
+            for t in (target, *(f"{target}.{n}" for n in names)):
+                if (ROOT / Path(*t.split("."))).is_dir() or (
+                    ROOT / Path(*t.split("."))
+                ).with_suffix(".py").is_file():
+                    there = package(t)
+                    if there != here:
+                        edges.setdefault(here, set()).add(there)
+
+    def reaches(a: str, b: str, seen: set) -> bool:
+        return any(
+            n == b or (n not in seen and reaches(n, b, seen | {n})) for n in edges.get(a, ())
+        )
+
+    loops = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if reaches(b, a, {b}))
+    assert "fbt_probe.kernels" in edges and loops == []
+
+
+def test_no_analysis_imports_another():
+    from probes import BUILTIN
+
+    crossing = []
+    for name in BUILTIN:
+        for f in sorted((ROOT / "probes" / name).rglob("*.py")):
+            for target, _ in imports_of(f):
+                parts = target.split(".")
+                if parts[0] == "probes" and len(parts) > 1 and parts[1] != name:
+                    if not target.startswith(SHARED):
+                        crossing.append(f"{f.relative_to(ROOT)} imports {target}")
+    assert crossing == []
+
+
+def test_no_private_name_crosses_a_module():
+    private = [
+        f"{f.relative_to(ROOT)} imports {target}.{n}"
+        for f in _python_files(*LIBRARY)
+        for target, names in imports_of(f)
+        for n in names
+        if n.startswith("_") and not n.startswith("__")
+    ]
+    assert private == []
+
+
+# ---- the module map in docs/design.md is the tree --------------------------------------
+NAME = re.compile(r"^[\w.]+(\.py|\.js|/)$")
+CHILD = re.compile(r"(?<![\w/.])(\w+\.(?:py|js))\b")  # a description names files, not folders
+NAME_COLUMN = 18  # descriptions start here; a line indented this far continues the last entry
+
+
+def map_entries(block: str) -> list[tuple[int, list[str], str]]:
+    """(level, names, description) of each entry of the map: a line whose names start before
+    the description column, with the lines that continue its description."""
+    entries: list[list] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent >= NAME_COLUMN:
+            entries[-1][2] += " " + line.strip()
+            continue
+        words = line.split()
+        names = words if all(NAME.match(w) for w in words) else line[:NAME_COLUMN].split()
+        entries.append([indent // 2, names, "" if names == words else line[NAME_COLUMN:]])
+    return [tuple(e) for e in entries]
+
+
+def mapped_paths(block: str) -> tuple[set[str], list[str]]:
+    """(the paths the map names, the names it gives that no path has). A folder's entry names
+    its children in its own column (nested entries) or in its description; a folder named
+    implies its ``__init__.py``."""
+    named, missing, parents = set(), [], {}
+    for level, names, desc in map_entries(block):
+        parent = parents.get(level - 1, "") if level else ""
+        folders = [parent + n for n in names if n.endswith("/")]
+        for n in names:
+            path = parent + n.rstrip("/")
+            named |= {path, path + "/__init__.py"} if n.endswith("/") else {path}
+            if not (ROOT / path).exists():
+                missing.append(path)
+        parents[level] = folders[0] if len(folders) == 1 else ""
+        for child in CHILD.findall(desc):
+            found = [f + child for f in folders if (ROOT / f / child).exists()]
+            named |= set(found)
+            if folders and not found:
+                missing.append(f"{' '.join(names)} {child}")
+    return named, missing
+
+
+def test_the_design_map_names_every_module_and_nothing_else():
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Module map", 1)[1].split("```")[1]
+    named, missing = mapped_paths(block)
+    modules = {
+        str(p.relative_to(ROOT))
+        for top in ("fbt_probe", "tasks", "probes")
+        for p in (ROOT / top).rglob("*")
+        if p.suffix in (".py", ".js") and "__pycache__" not in p.parts
+    }
+    assert len(modules) > 120
+    assert missing == [], f"docs/design.md names what the tree lacks: {missing}"
+    unmapped = sorted(modules - named)
+    assert unmapped == [], f"docs/design.md's module map lacks: {unmapped}"
+
+
+def test_the_map_check_can_fail():
+    named, missing = mapped_paths(
+        "fbt_probe/        x\n  nothere.py      y\n  kernels/        lens.py, gone.py, hf/\n"
+    )
+    assert "fbt_probe/kernels/lens.py" in named and "fbt_probe/nothere.py" in missing
+    assert "kernels/ gone.py" in missing and "fbt_probe/stack.py" not in named

@@ -104,7 +104,7 @@ def test_small_option_checks(tmp_path, model_dir):
     assert files_under(out) == []
 
 
-# every list option goes through one parser (tasks.lists): an item named twice is refused in
+# every list option goes through one parser (fbt_probe.util.lists): an item named twice is refused in
 # one line naming the option, before any work
 @pytest.mark.parametrize(
     "argv,culprit",
@@ -496,7 +496,7 @@ def test_a_stopped_run_still_resumes_to_the_end(stopped_run, tmp_path):
 
 
 def test_stability_with_too_few_passes_is_inconclusive():
-    from fbt_probe.stability import verdict
+    from fbt_probe.kernels.stability import verdict
 
     rows = [{"delta_mean": float("nan")}, {"delta_mean": 0.2}, {"delta_mean": 0.3}]
     assert verdict(rows) == "inconclusive"
@@ -820,13 +820,13 @@ def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(
 
 
 def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
-    import tasks.safe_files
+    import fbt_probe.util.files
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied")
 
     # as root a folder's mode does not stop a write: the creation of the temp file is denied
-    monkeypatch.setattr(tasks.safe_files, "_create_file", denied)
+    monkeypatch.setattr(fbt_probe.util.files, "_create_file", denied)
     out = tmp_path / "d.parquet"
     r = CliRunner().invoke(
         app, ["generate", "--task", "delayed_memory", "--n-groups", "4", "--out", str(out)]
@@ -837,7 +837,7 @@ def test_an_unwritable_folder_is_named_and_left_clean(tmp_path, monkeypatch):
 
 # ---- signals ------------------------------------------------------------------------------
 def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch):
-    import tasks.safe_files as D
+    import fbt_probe.util.files as D
 
     real = D._create_file
 
@@ -855,7 +855,7 @@ def test_a_ctrl_c_while_the_temp_file_is_created_leaves_nothing(tmp_path, monkey
 
 
 def test_a_ctrl_c_between_a_folders_two_replaces_puts_the_old_one_back(tmp_path, monkeypatch):
-    import tasks.safe_files as D
+    import fbt_probe.util.files as D
 
     out = tmp_path / "model"
     out.mkdir()
@@ -1042,7 +1042,7 @@ def test_a_seed_study_refuses_a_folder_it_cannot_trust(finished_seeds, tmp_path,
 
 # ---- one writer per output --------------------------------------------------------------------
 HOLD = (
-    "import sys\nfrom tasks.safe_files import claim\nwith claim(sys.argv[1]):\n"
+    "import sys\nfrom fbt_probe.util.files import claim\nwith claim(sys.argv[1]):\n"
     "    print('held', flush=True)\n    sys.stdin.read()\n"
 )
 ROOT = Path(__file__).resolve().parents[1]
@@ -1335,9 +1335,9 @@ def test_options_the_audit_found_are_refused_by_name_before_any_work(
     assert snapshot(tmp_path) == before
 
 
-# ---- work bounded before it starts (fbt_probe.budget) -----------------------------------------
+# ---- work bounded before it starts (fbt_probe.runtime.budget) -----------------------------------------
 def test_a_patch_sweep_past_the_budget_is_refused_in_one_line_before_it_runs(tmp_path, monkeypatch):
-    import fbt_probe.budget as budget
+    import fbt_probe.runtime.budget as budget
 
     # an hour's budget on any machine: the default sweep (about two minutes of 2 cores) runs,
     # a thousand passes re-run for every patch (a day or more) is refused by name
@@ -1367,10 +1367,10 @@ BOUNDED = {  # every verb that runs a model over data: its prefill option's spel
 
 @pytest.mark.parametrize("verb", list(BOUNDED))
 def test_every_verb_prices_its_work_before_it_starts(tmp_path, monkeypatch, verb):
-    """One estimate (fbt_probe.budget) for every verb: with a limit of a millisecond, many
+    """One estimate (fbt_probe.runtime.budget) for every verb: with a limit of a millisecond, many
     passes are refused in one line naming --prefill, before any progress line and
     with nothing written (the data they would read generated beforehand)."""
-    import fbt_probe.budget as budget
+    import fbt_probe.runtime.budget as budget
 
     data = generate_dataset(
         "delayed_memory",
@@ -1392,7 +1392,7 @@ def test_every_verb_prices_its_work_before_it_starts(tmp_path, monkeypatch, verb
 
 
 def test_eval_prices_its_work_before_it_starts(monkeypatch, model_dir):
-    import fbt_probe.budget as budget
+    import fbt_probe.runtime.budget as budget
 
     monkeypatch.setattr(budget, "LIMIT_SECONDS", 1e-3)
     r = CliRunner().invoke(app, [*EVAL, str(model_dir)])

@@ -78,15 +78,15 @@ print(len(ds), "examples in", len(set(ds.group)), "groups; the first:", ds.text[
 # ## Probes at every depth, two prefills
 #
 # Under *standard* prefill each position runs once; under *recurrent* prefill a second pass
-# sees the first pass's top states fed back. `run_fit` caches the residual stream at the
+# sees the first pass's top states fed back. `fit_protocol` caches the residual stream at the
 # colon for every depth and pass, fits a logistic probe per depth with grouped
 # cross-validation and bootstrap intervals, and fits the same probes on a randomly
 # initialised copy of the model (the control).
 
 # %%
-from probes.fit.run import run_fit
+from probes.fit.run import fit_protocol
 
-df = run_fit(
+df = fit_protocol(
     model,
     name,
     ("delayed_memory",),
@@ -108,7 +108,7 @@ df[(df.model == "trained") & (df.depth == 0)][
 # only reach chance. One recurrent step puts the task state into the same position.
 
 # %%
-from probes.fit.results import format_layer0, layer0_table
+from probes.common.probe_results import format_layer0, layer0_table
 
 table = layer0_table(df, model.entry_depth)
 print(format_layer0(table))

@@ -70,7 +70,7 @@ print(
 # %% [markdown]
 # ## The battery
 #
-# `run_intervene` runs every registered intervention on every (task, prefill) of its plan
+# `intervene_battery` runs every registered intervention on every (task, prefill) of its plan
 # and writes `interventions.csv` with 95 % bootstrap intervals over groups:
 #
 # - `interchange_state`: every fed-back state replaced by the twin's;
@@ -84,11 +84,11 @@ print(
 
 # %%
 from fbt_probe import resolve_model
-from probes.intervene.run import run_intervene
+from probes.intervene.run import intervene_battery
 
 model, name = resolve_model("default")
 plan = [("delayed_memory", "recurrent"), ("done_tracking", "recurrent")]
-iv = run_intervene(model, name, plan, OUT / "interventions", data=data, cache_dir=OUT / "cache")
+iv = intervene_battery(model, name, plan, OUT / "interventions", data=data, cache_dir=OUT / "cache")
 flips = iv[
     (iv.metric == "flip_rate")
     & iv.intervention.isin(["interchange_state", "interchange_token"])
@@ -117,10 +117,10 @@ for line in verdicts.values():
 # A depth where the probe is perfect but erasure costs nothing is decodable and unused.
 
 # %%
-from probes.fit.run import run_fit
+from probes.fit.run import fit_protocol
 from probes.intervene.report import decodable_vs_used
 
-fit = run_fit(
+fit = fit_protocol(
     model,
     name,
     ("delayed_memory", "done_tracking"),

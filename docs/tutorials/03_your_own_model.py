@@ -110,10 +110,10 @@ print([tuple(c["blocks.0.hook_resid_pre"].shape) for c in caches])
 # weights, tells a learned state from one a random network also exposes.
 
 # %%
-from probes.fit.results import format_layer0, layer0_table
-from probes.fit.run import run_fit
+from probes.common.probe_results import format_layer0, layer0_table
+from probes.fit.run import fit_protocol
 
-df = run_fit(
+df = fit_protocol(
     model,
     name,
     ("delayed_memory",),

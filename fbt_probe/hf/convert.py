@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from fbt_probe.checkpoint import file_sha256
-from fbt_probe.hf.folders import quiet
-from tasks.safe_files import atomic_folder, check_output_dir, read_record, without_umask
+from fbt_probe.hf.quiet import quiet
+from fbt_probe.util.files import atomic_folder, check_output_dir, read_record, without_umask
 
 SOURCE = "fbt_probe_source.json"
 SOURCE_FORMAT = "fbt-probe-converted"

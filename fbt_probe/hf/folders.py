@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 
 from fbt_probe.config import FUSIONS
+from fbt_probe.hf.quiet import quiet
 from fbt_probe.hf.wrapper import FORMAT, HFConfig, HFFeedbackModel
-from tasks.safe_files import read_record
+from fbt_probe.util.files import read_record
 
 FUSION_CONFIG = "fusion_config.json"
 
@@ -80,14 +81,6 @@ def init_fusion(model: HFFeedbackModel, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(d))
     emb = model.hf.get_input_embeddings().weight.float()
     f.norm.w.fill_(float(emb.pow(2).mean(-1).sqrt().mean()))
-
-
-def quiet() -> None:
-    """No progress bars or advice from transformers: fbt-probe reports its own progress."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def load_hf(
@@ -325,7 +318,7 @@ def save_hf(
     or not at all (a full disk leaves the folder that was there)."""
     from safetensors.torch import save_file
 
-    from tasks.safe_files import atomic_folder
+    from fbt_probe.util.files import atomic_folder
 
     out = Path(out)
     quiet()
@@ -357,7 +350,7 @@ def save_fusion(
 
     from fbt_probe.hf.convert import PACKAGED, folder_weights_digest, read_source
     from fbt_probe.hf.lora import has_lora, write_lora
-    from tasks.safe_files import atomic_folder
+    from fbt_probe.util.files import atomic_folder
 
     out, base = Path(out), Path(base)
     rec = {"path": str(base), "weights_sha256": folder_weights_digest(base)}

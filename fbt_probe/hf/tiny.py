@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbt_probe.hf.folders import quiet
+from fbt_probe.hf.quiet import quiet
 from tasks import get_task, vocab
 
 VOCAB = 61  # a model without a tokenizer (the wrapper's own tests)

@@ -21,12 +21,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from fbt_probe.checkpoint import save_model, write_text
-from fbt_probe.device import resolve_device
-from fbt_probe.distributed import World, place, rank_device
 from fbt_probe.hf import base_folder, read_fusion_config, save_fusion, save_hf
 from fbt_probe.loading import install_default
+from fbt_probe.runtime.device import resolve_device
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.distributed import World, place, rank_device
 from fbt_probe.train.objective import quick_eval, smear_hooks, train_step
 from fbt_probe.train.recipes import build_recipe
 from fbt_probe.train.start import init_folder
@@ -45,7 +45,7 @@ from fbt_probe.train.steps import (
     draw_step,
     lr_at,
 )
-from tasks.safe_files import claim
+from fbt_probe.util.files import claim
 
 
 def autocast(cfg: TrainConfig, dev: torch.device):
@@ -323,7 +323,7 @@ def train(
     ``progress(step, total, info)`` is called every step. ``stop_after`` ends the run early
     at that step (with a checkpoint), as an interruption would; so does ``max_minutes`` of
     wall time (0 = no limit). On NaN or divergence the run stops with ``Divergence`` and the
-    last good checkpoint stays in place. ``world`` (``fbt_probe.distributed``): under
+    last good checkpoint stays in place. ``world`` (``fbt_probe.train.distributed``): under
     torchrun each rank trains on its rows of every step's batch, and only rank 0 writes.
     """
     out, world = Path(out_dir), world or World()

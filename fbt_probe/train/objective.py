@@ -9,17 +9,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fbt_probe.distributed import World
+from fbt_probe.batch import TrainBatch, make_batch
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.recurrence import run_recurrence
 from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.distributed import World
 from fbt_probe.train.steps import (
     JitterNoise,
     StepDraw,
-    TrainBatch,
     batch_counts,
     example_lengths,
-    make_batch,
     step_parts,
 )
 from tasks import get_task

@@ -17,10 +17,10 @@ import torch
 from safetensors import safe_open
 
 from fbt_probe.checkpoint import write_text
-from fbt_probe.distributed import World
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.config import TrainConfig
+from fbt_probe.train.distributed import World
 from fbt_probe.train.start import (
     build_model,
     frozen_parameters,
@@ -29,9 +29,9 @@ from fbt_probe.train.start import (
     make_optimizer,
     set_learning,
 )
+from fbt_probe.util.files import atomic_write, check_output_dir
 from tasks.base import MAX_DISTRACTORS
 from tasks.generate import MEMORY_SHARE, machine_memory
-from tasks.safe_files import atomic_write, check_output_dir
 
 
 # ---- the run folder -------------------------------------------------------------------------
@@ -102,7 +102,7 @@ class TrainState:
         whole model's state is returned."""
         msd, osd = learned_state(self.model), None
         if self.fsdp:
-            from fbt_probe.distributed import full_states
+            from fbt_probe.train.distributed import full_states
 
             msd, osd = full_states(self.model, self.opt)
         if world.main:
@@ -127,7 +127,7 @@ class TrainState:
 
     def load_optimizer(self, saved: dict) -> None:
         if self.fsdp:
-            from fbt_probe.distributed import load_optimizer
+            from fbt_probe.train.distributed import load_optimizer
 
             load_optimizer(self.model, self.opt, saved["opt"])
         else:
@@ -277,7 +277,7 @@ def start_state(
     if saved is not None:
         load_learned(model, saved["model"], out / "state.pt")  # before any sharding
     if cfg.run.fsdp:
-        from fbt_probe.distributed import shard_model
+        from fbt_probe.train.distributed import shard_model
 
         shard_model(model)
         frozen = frozen_parameters(model, cfg.schedule)  # the sharded parameters now

@@ -10,10 +10,10 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from fbt_probe.attribution import Site, attribute
-from fbt_probe.patching import clean_run, replace_where
+from fbt_probe.kernels.attribution import Site, attribute
+from fbt_probe.kernels.patching import clean_run, replace_where
+from probes.common.patching import Runner, first_patched, head_hook, layer_from, resid_columns
 from probes.common.twins import PairBatch, answer_logits
-from probes.patch.run import Runner, _layer_from, _start, head_hook, resid_columns
 
 TOP_K = 10
 LOW_RANK, LOW_RECALL = 0.8, 0.7  # below these the summary warns
@@ -97,8 +97,8 @@ def _patched_ld(m, b, pf, s: Site, ref, inputs) -> torch.Tensor:
         hooks = [(s.name, head_hook(h, after, values))]
         depth = int(s.name.split(".")[1]) if s.kind == "head" else 0
     # in the recurrence every later step reads the patched one: run the stack whole
-    layer = _layer_from(m, depth) if last and pf.passes is not None else 0
-    out, first = runner(hooks, _start(mask), layer)
+    layer = layer_from(m, depth) if last and pf.passes is not None else 0
+    out, first = runner(hooks, first_patched(mask), layer)
     lg = answer_logits(out, b, first)
     rows = torch.arange(len(b.idx), device=lg.device)
     return lg[rows, inputs["clean_id"]] - lg[rows, inputs["twin_id"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from probes.common.options import Common, option
@@ -34,3 +35,18 @@ class AttributeOptions(Common):
     """Examples per batch."""
     groups: int | None = option(None, "--groups", min=1)
     """Score only the examples of this many groups (default: every one)."""
+
+    @cached_property
+    def parsed(self) -> tuple:
+        """(the prefill, the kinds, whether edges are wanted (None: where the model allows),
+        the check), read once."""
+        from probes.attribute.run import parse_args
+
+        return parse_args(self.prefill, self.kinds, self.edges, self.check)
+
+    def validate(self) -> None:
+        """Every option that can be wrong without the model, before any work."""
+        from probes.common.data import one_task
+
+        _ = self.parsed
+        one_task(self.task)

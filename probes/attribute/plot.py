@@ -12,11 +12,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from fbt_probe.util.files import read_json
 from probes.attribute.check import LOW_RANK, LOW_RECALL
-from probes.common.figures import PALETTE, save_figure, subplots
+from probes.common.figures import DIVERGING, PALETTE, save_figure, site_depth, subplots
 from probes.common.tables import read_long_table
-from probes.patch.plot import DIVERGING, _depth
-from tasks.safe_files import read_json
 
 N_EDGES = 24  # the graph draws the strongest this many
 
@@ -34,7 +33,7 @@ def matrix(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     if kind == "resid":
         g = df[df.intervention.isin(["patch_resid", "patch_state"])].copy()
         g["row"] = [
-            f"{_pass(p)}, " + ("state in" if i == "patch_state" else f"depth {_depth(s)}")
+            f"{_pass(p)}, " + ("state in" if i == "patch_state" else f"depth {site_depth(s)}")
             for p, i, s in zip(g["pass"], g.intervention, g.site, strict=True)
         ]
         cols = list(dict.fromkeys(g.positions))

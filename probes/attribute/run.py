@@ -1,4 +1,4 @@
-"""``fbt-probe attribute``: attribution patching (``fbt_probe.attribution``) between each example
+"""``fbt-probe attribute``: attribution patching (``fbt_probe.kernels.attribution``) between each example
 and its counterfactual twin, over every site ``fbt-probe patch`` covers, in every pass at once,
 plus the fed-back state entering the fusion, and the edges between components.
 
@@ -20,22 +20,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fbt_probe.attribution import KINDS, attribute, edge_layout
-from fbt_probe.budget import check_work
-from fbt_probe.device import resolve_device
+from fbt_probe.kernels.attribution import KINDS, attribute, edge_layout
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
+from fbt_probe.runtime.budget import check_work
+from fbt_probe.runtime.device import resolve_device
+from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.attribute.check import agreement, batch_inputs, check_sites, exact_sweep
+from probes.attribute.options import AttributeOptions
 from probes.attribute.plot import findings, plot_attribution
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
-from probes.common.data import load_or_generate, one_task
+from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens
+from probes.common.patching import count_sites
 from probes.common.tables import write_json, write_table
-from probes.common.twins import PairBatch, batches, pairs_of
-from probes.patch.run import count_sites
-from tasks.lists import comma_items
-from tasks.safe_files import check_output_dir
+from probes.common.twins import PairBatch, aligned_pairs, batches
 
 COLUMNS = [
     "task",
@@ -88,7 +88,7 @@ def batch_tokens(m, pf, edges: bool, longest: int) -> int:
 
 
 def check_attribution_work(m, bs, pf, kinds, check: str, ig_steps: int, prefill: str) -> None:
-    """Refuse a run past the machine's budget (``fbt_probe.budget``): the sweep is a clean and
+    """Refuse a run past the machine's budget (``fbt_probe.runtime.budget``): the sweep is a clean and
     a twin forward and a backward pass (about four forwards) per integration point, and each
     checked site one patched run of every pass."""
     passes = pf.passes or 1
@@ -231,32 +231,12 @@ def edge_table(acc, task, pf, seed, groups) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EDGE_COLUMNS)
 
 
-def attribute_task(
-    *,
-    model="default",
-    task="delayed_memory",
-    prefill="recurrent",
-    kinds="resid,head,state,path",
-    edges="auto",
-    check="20",
-    qk_fix=True,
-    ig_steps=0,
-    data=None,
-    out="results/attribute",
-    seed=0,
-    batch_size=32,
-    device="cpu",
-    groups=None,
-    progress=None,
-) -> tuple[dict, list[str]]:
-    """``fbt-probe attribute`` (see the module docstring); every argument is checked first."""
-    pf, chosen, want_edges, check = parse_args(prefill, kinds, edges, check)
-    out = Path(out)
-    if groups is not None and groups < 1:
-        raise ValueError(f"--groups must be at least 1, got {groups}")
-    one_task(task)
-    check_output_dir(out)
-    m, name = resolve_model(model, resolve_device(device))
+def run(options: AttributeOptions, progress=None) -> Result:
+    """``fbt-probe attribute`` (see the module docstring), on options checked before any
+    work; its tables and the lines it reports."""
+    o = options
+    pf, chosen, want_edges, check = o.parsed
+    m, name = resolve_model(o.model, resolve_device(o.device))
     m.eval()
     has_layout = edge_layout(m) is not None
     if want_edges and not has_layout:
@@ -269,44 +249,38 @@ def attribute_task(
             f"{name}: its attention layout has no per-head hooks here; use --kinds resid,state"
         )
     want_edges = has_layout if want_edges is None else want_edges
-    pairs = pairs_of(load_or_generate(task, data, m, twins=True))
-    keep = np.flatnonzero(pairs.shift == 0)
-    if not len(keep):
-        raise ValueError(f"{task}: no twin lines up with its example position by position")
-    pairs = pairs.subset(keep)
-    if groups is not None:
-        first = np.unique(pairs.groups)[:groups]
-        pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
+    pairs = aligned_pairs(load_or_generate(o.task, o.data, m, twins=True), o.groups)
     longest = int(max(len(t) for t in pairs.tokens))
     budget = min(max_batch_tokens(m), batch_tokens(m, pf, want_edges, longest))
-    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=budget)
-    check_attribution_work(m, bs, pf, chosen, check, ig_steps, prefill)
-    label = f"{task} {pf.name}"
+    bs = batches(pairs, o.batch_size, next(m.parameters()).device, max_tokens=budget)
+    check_attribution_work(m, bs, pf, chosen, check, o.ig_steps, o.prefill)
+    label = f"{o.task} {pf.name}"
     t0 = time.monotonic()
-    acc = sweep(m, pairs, bs, pf, chosen, want_edges, qk_fix, ig_steps, progress, label)
+    acc = sweep(m, pairs, bs, pf, chosen, want_edges, o.qk_fix, o.ig_steps, progress, label)
     seconds = time.monotonic() - t0
-    est = normalised(acc["estimate"], acc, pairs.groups, seed)
-    picked = check_sites(est, check, seed)
+    est = normalised(acc["estimate"], acc, pairs.groups, o.seed)
+    picked = check_sites(est, check, o.seed)
     exact = exact_sweep(m, pairs, bs, pf, picked, chosen, progress, label)
-    exact = normalised(exact, acc, pairs.groups, seed) if picked else {}
-    df = site_table(acc, exact, task, pf, seed, pairs.groups)
-    edf = edge_table(acc, task, pf, seed, pairs.groups) if want_edges else None
+    exact = normalised(exact, acc, pairs.groups, o.seed) if picked else {}
+    df = site_table(acc, exact, o.task, pf, o.seed, pairs.groups)
+    edf = edge_table(acc, o.task, pf, o.seed, pairs.groups) if want_edges else None
     meta = {
         "model": name,
-        "task": task,
+        "task": o.task,
         "prefill": pf.name,
         "kinds": list(chosen),
         "edges": bool(want_edges),
-        "qk_fix": qk_fix,
-        "ig_steps": ig_steps,
-        "groups": groups,
+        "qk_fix": o.qk_fix,
+        "ig_steps": o.ig_steps,
+        "groups": o.groups,
         "n_pairs": len(pairs),
         "n_batches": len(bs),
         "sites": len(df),
         "seconds": seconds,
         "agreement": agreement(df),
     }
-    return {"attribution": df, "edges": edf}, write_attribution(df, edf, meta, out)
+    tables = {"attribution": df} if edf is None else {"attribution": df, "edges": edf}
+    return Result(tables, write_attribution(df, edf, meta, Path(o.out)))
 
 
 def write_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> list[str]:
@@ -325,30 +299,3 @@ def write_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> list[str]
         + f") and figures in {out / 'figures'}"
     )
     return lines
-
-
-def run(options, progress=None) -> Result:
-    """The ``attribute`` analysis (``probes.attribute.AttributeOptions``)."""
-    tables, lines = attribute_task(
-        **{
-            f: getattr(options, f)
-            for f in (
-                "model",
-                "task",
-                "prefill",
-                "kinds",
-                "edges",
-                "check",
-                "qk_fix",
-                "ig_steps",
-                "data",
-                "out",
-                "seed",
-                "batch_size",
-                "device",
-                "groups",
-            )
-        },
-        progress=progress,
-    )
-    return Result({k: v for k, v in tables.items() if v is not None}, lines)

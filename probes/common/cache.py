@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.safe_files import atomic_write
+from fbt_probe.util.files import atomic_write
 
 VERSION = 2  # entries of an older layout are never read (their keys differ)
 

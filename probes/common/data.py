@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fbt_probe.hf import HFFeedbackModel, require_tokenizer
+from fbt_probe.util.lists import comma_items
 from tasks import get_task, task_names
 from tasks.dataset import Dataset, load
 from tasks.generate import DEFAULT_SEED, default_path, generate_dataset
-from tasks.lists import comma_items
 
 
 def load_or_generate(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fbt_probe.util.lists import comma_items
 from probes.common.bootstrap import GroupBootstrap
 from probes.common.data import known
 from tasks import get_task, is_generated, task_names, vocab
 from tasks.dataset import Dataset
-from tasks.lists import comma_items
 
 MODES_HELP = (
     "Decoding modes, comma-separated: standard (tokens only), soft (each generated "

@@ -24,6 +24,7 @@ from fbt_probe.feedback import FeedbackModel
 from fbt_probe.positions import pos_dim
 from fbt_probe.prefill import Prefill, parse_prefill
 from fbt_probe.recurrence import run_recurrence_with_cache
+from fbt_probe.util.lists import comma_numbers
 from probes.common.cache import entry_inputs, entry_path, read_entry, rows_digest, write_entry
 from tasks import get_task, vocab
 from tasks.dataset import Dataset
@@ -231,3 +232,24 @@ def extract_cached(
         return feats, False  # under torchrun rank 0 writes the cache entry
     write_entry(path, feats, inputs)
     return feats, False
+
+
+def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
+    """The depths of ``--depths``: 'all', comma-separated depths, or None (DEFAULT_DEPTHS of
+    them, evenly spaced, the first and the last among them)."""
+    if spec is None:
+        k = min(DEFAULT_DEPTHS, n_depths)
+        return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
+    if spec.strip() == "all":
+        return tuple(range(n_depths))
+    usage = f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, comma-separated"
+    picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)], usage))
+    if not picked or not all(0 <= d < n_depths for d in picked):
+        raise ValueError(usage)
+    return tuple(picked)
+
+
+# The depth interventions (erasers, steering: 20 patched runs a depth) run at this many
+# depths of the colon by default, evenly spaced from the embeddings to the top: all of the
+# built-in model's 5; 5 of a 30-layer model's 31, whose every depth would take hours on a CPU.
+DEFAULT_DEPTHS = 5

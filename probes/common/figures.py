@@ -4,13 +4,14 @@ its own) and no figure stays open in pyplot's global state."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from tasks.safe_files import atomic_write
+from fbt_probe.util.files import atomic_write
 
 PREFILL_ORDER = ["standard", "recurrent", "full"]
 CMAP = "cividis"  # perceptually uniform and colour-blind safe
@@ -41,3 +42,12 @@ def save_figure(fig, out: Path, stem: str) -> list[Path]:
     atomic_write(paths[0], lambda tmp: fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight"))
     atomic_write(paths[1], lambda tmp: fig.savefig(tmp, format="pdf", bbox_inches="tight"))
     return paths
+
+
+DIVERGING = "RdBu"  # 0 (the twin's answer) red, 1 (the clean one) blue
+
+
+def site_depth(site: str) -> int:
+    """blocks.{l}.hook_resid_pre -> l; blocks.{l}.hook_resid_post -> l + 1."""
+    layer = int(re.search(r"blocks\.(\d+)\.", site).group(1))
+    return layer + 1 if site.endswith("resid_post") else layer

@@ -8,8 +8,9 @@ import importlib
 import inspect
 import textwrap
 from dataclasses import MISSING, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 
 def option(default: Any = MISSING, *flags: str, **click: Any):
@@ -89,6 +90,38 @@ class Common:
     force: bool = option(False, "--force")
     """Replace an earlier run's outputs in --out (all of them, stale ones included)."""
 
+    @cached_property
+    def tasks_and_data(self) -> tuple[tuple[str, ...], dict | None]:
+        """``--task`` and ``--data`` read once: the tasks, and each one's dataset file (None:
+        each task's default file)."""
+        from probes.common.data import tasks_and_data
+
+        return tasks_and_data(self.task, self.data)
+
+
+class JacobiPasses:
+    """Options whose ``--prefill`` names a number of Jacobi passes (standard, recurrent,
+    k<N>), read once as ``passes``, within ``PASSES`` (the analysis's least and most)."""
+
+    PASSES: ClassVar[tuple[int, int]] = (1, 16)
+
+    @cached_property
+    def passes(self) -> int:
+        from fbt_probe.prefill import jacobi_passes
+
+        return jacobi_passes(self.prefill, *self.PASSES)
+
+
+def check_options(options) -> None:
+    """The one check of an analysis's options, before any work, on the command line and in
+    the library call alike: each number within its bounds (``check_bounds``), then what the
+    options dataclass checks itself (its ``validate()``, where it has one: values that must
+    parse, options that exclude each other)."""
+    check_bounds(options)
+    own = getattr(options, "validate", None)
+    if callable(own):
+        own()
+
 
 def check_bounds(options) -> None:
     """A number outside its option's bounds (``option(..., min=, max=)``) is refused, naming
@@ -103,14 +136,3 @@ def check_bounds(options) -> None:
             raise ValueError(f"{flag} must be at least {bounds['min']}, got {value}")
         if "max" in bounds and value > bounds["max"]:
             raise ValueError(f"{flag} must be at most {bounds['max']}, got {value}")
-
-
-def as_kwargs(options, *drop: str, **rename: str) -> dict:
-    """``options`` as keyword arguments of a library function: ``drop`` left out, ``rename``
-    mapping a field to the function's own name for it. ``force`` is never passed: the
-    analysis's transaction (``probes.analysis``) takes it, not the function."""
-    return {
-        rename.get(f.name, f.name): getattr(options, f.name)
-        for f in fields(options)
-        if f.name not in (*drop, "force")
-    }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.safe_files import atomic_write
+from fbt_probe.util.files import atomic_write
 
 
 def write_table(df: pd.DataFrame, path: Path) -> Path:
@@ -78,3 +78,24 @@ def read_long_table(path: Path, required: tuple[str, ...] = ("task",), **read_cs
     (``read_table``), its columns renamed from their earlier names where it was written
     before the rename."""
     return read_table(path, (*required, "value"), NUMBERS, **read_csv)
+
+
+def versions() -> dict:
+    """The versions a result was computed with (recorded in its JSON)."""
+    import platform
+
+    import numpy as np
+    import sklearn
+    import torch
+
+    from fbt_probe import __version__
+    from tasks import vocab
+
+    return {
+        "fbt_probe": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+        "vocab": vocab.VOCAB_VERSION,
+    }

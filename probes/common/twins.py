@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fbt_probe.patching import Trace
+from fbt_probe.kernels.patching import Trace
 from tasks import vocab
 from tasks.dataset import Dataset
 
@@ -229,3 +229,17 @@ def answer_logits(out, b: PairBatch, start: int, twin: bool = False) -> torch.Te
     positions >= start; only those positions go through the head."""
     rows = torch.arange(len(b.idx), device=b.answer.device)
     return out.logits_at(rows, (b.twin_answer if twin else b.answer) - start)
+
+
+def aligned_pairs(ds: Dataset, groups: int | None = None) -> Pairs:
+    """The pairs of a twin dataset whose twin lines up with its example position by position
+    (what a patch needs), of the first ``groups`` groups only when given."""
+    pairs = pairs_of(ds)
+    keep = np.flatnonzero(pairs.shift == 0)
+    if not len(keep):
+        raise ValueError(f"{ds.task}: no twin lines up with its example position by position")
+    pairs = pairs.subset(keep)
+    if groups is not None:
+        first = np.unique(pairs.groups)[:groups]
+        pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
+    return pairs

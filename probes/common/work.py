@@ -1,4 +1,4 @@
-"""The work an analysis asks of its data, priced before it starts (``fbt_probe.budget``): the
+"""The work an analysis asks of its data, priced before it starts (``fbt_probe.runtime.budget``): the
 prompts' tokens times the passes each is run for, times how many runs the analysis makes of
 each (its controls, sites, patched runs). Every analysis that runs a model over a dataset
 calls ``check_data_work`` once its data are loaded and before its first progress line; past
@@ -6,7 +6,7 @@ the budget's limit it is refused in one line naming the options that ask for it.
 
 from __future__ import annotations
 
-from fbt_probe.budget import check_work, prefill_passes
+from fbt_probe.runtime.budget import check_work, prefill_passes
 
 __all__ = ["check_data_work", "prefill_passes", "prompt_tokens"]
 

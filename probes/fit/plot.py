@@ -12,7 +12,7 @@ import pandas as pd
 import seaborn as sns
 
 from probes.common.figures import CMAP, PALETTE, ordered_prefills, save_figure, subplots
-from probes.fit.results import (
+from probes.common.probe_results import (
     depth_by_count_panels,
     load_results,
     overwrites_panels,

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe.util.files import read_json
 from probes.analysis import Figure
 from probes.common.figures import ordered_prefills
-from probes.common.tables import percent
-from probes.fit.results import (
+from probes.common.html import heatmap
+from probes.common.probe_results import (
     PAPER_LAYER0,
     depth_by_count_panels,
     load_results,
@@ -19,10 +20,9 @@ from probes.fit.results import (
     prefill_by_depth_panels,
     primary,
 )
-from probes.report.html import heatmap
+from probes.common.tables import percent
 from tasks import stratum, task_names
 from tasks.base import POOLED
-from tasks.safe_files import read_json
 
 
 def paper_table(df: pd.DataFrame, depth: int = 0) -> str:

@@ -10,37 +10,34 @@ labels (which must land at chance).
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import sklearn
-import torch
 from joblib import Parallel, delayed
 
-from fbt_probe import __version__
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.distributed import place
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.loading import random_init_like, resolve_model
-from fbt_probe.prefill import PREFILLS, parse_prefill, parse_prefills
+from fbt_probe.prefill import PREFILLS, parse_prefill
+from fbt_probe.train.distributed import place
+from fbt_probe.util.files import claims
 from probes.analysis import Result
-from probes.common.data import load_or_generate, tasks_and_data
+from probes.common.artifacts import fit_and_save
+from probes.common.cv import N_FOLDS, fit_cell, permute_by_group
+from probes.common.data import load_or_generate
 from probes.common.extract import DEFAULT_CACHE, RESID, SiteNotFired, extract_cached, site_hooks
-from probes.common.tables import write_json, write_table
+from probes.common.probe import probe_class
+from probes.common.probe_results import entry_depth, format_layer0, layer0_table
+from probes.common.tables import versions, write_json, write_table
 from probes.common.work import check_data_work, prefill_passes
-from probes.fit.artifacts import fit_and_save
-from probes.fit.cv import N_FOLDS, fit_cell, permute_by_group
+from probes.fit.options import FitOptions
 from probes.fit.plot import plot_all
-from probes.fit.probe import probe_class
-from probes.fit.results import entry_depth, format_layer0, layer0_table
-from tasks import TASK_NAMES, get_task, stratum, target_names, vocab
+from tasks import TASK_NAMES, get_task, stratum, target_names
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import check_output_dir, claims
 
 COLUMNS = [
     "task",
@@ -170,7 +167,7 @@ def cell_data(
 
 
 @claims("out_dir")
-def run_fit(
+def fit_protocol(
     model: FeedbackModel,
     model_name: str,
     tasks: tuple[str, ...] = TASK_NAMES,
@@ -191,9 +188,11 @@ def run_fit(
 ) -> pd.DataFrame:
     """Run the protocol and write ``probe_results.csv``, ``probe_results.json`` and (with
     ``save_probes``) every trained pooled cell's probe, refit on all its data, to
-    ``probes/`` (``probes.fit.artifacts``)."""
+    ``probes/`` (``probes.common.artifacts``)."""
     t0 = time.monotonic()
-    prefills = tuple(parse_prefill(p).name for p in prefills)
+    # Prefill objects from here on (a word is read here, a Prefill passes as it is)
+    by_name = {p.name: p for p in map(parse_prefill, prefills)}
+    prefills = tuple(by_name)
     grid = probe_class(probe).grid
     for t in tasks:
         get_task(t, "--task")
@@ -208,7 +207,7 @@ def run_fit(
     for t, ds in datasets.items():  # before the features are extracted, not after
         if folds > (n_groups := len(np.unique(ds.group))):
             raise ValueError(f"--folds {folds}: the {t} dataset has only {n_groups} groups")
-    passes = sum(prefill_passes(parse_prefill(p)) for p in prefills)
+    passes = sum(prefill_passes(p) for p in by_name.values())
     check_data_work(
         model,
         datasets.values(),
@@ -217,7 +216,7 @@ def run_fit(
         "--prefill" + ", --site" * (len(sites) > 1),
     )
     # 1. features (cached on disk by model hash, dataset hash, prefill and site)
-    feats, skipped = extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
+    feats, skipped = extract_all(models, datasets, by_name, sites, controls, cache_dir, progress)
     for site in sites:
         if all((site, p) in skipped for p in prefills):
             raise ValueError(f"{site} fires under none of the prefills {', '.join(prefills)}")
@@ -315,73 +314,11 @@ def save_pooled_probes(rows, data_of, grid, probe, meta, folder: Path, n_jobs: i
     fit_and_save(folder, cells, [data_of(c)[:2] for c in cells], probe, meta, n_jobs)
 
 
-def fit(
-    *,
-    model: str = "default",
-    task: str = "all",
-    prefill: str = "all",
-    passes: int | None = None,
-    data: str | Path | None = None,
-    out: str | Path = "results",
-    seed: int = 0,
-    folds: int = N_FOLDS,
-    controls: bool = True,
-    probe: str = "logistic",
-    sites: tuple[str, ...] = (RESID,),
-    device: str = "cpu",
-    progress=None,
-):
-    """``fbt-probe fit``: the protocol on the model ``model`` names ('default' or a folder),
-    checked before any work. Under torchrun the ranks share the extraction and rank 0 fits
-    and writes; returns (results, model name), or None on the other ranks."""
-
-    prefills = tuple(p.name for p in parse_prefills(prefill, passes))
-    task_list, data_map = tasks_and_data(task, data)
-    if folds < 2:
-        raise ValueError("--folds must be at least 2")
-    if seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {seed}")
-    check_output_dir(Path(out))
-    probe_class(probe)
-    dev, world = place(device)
-    m, name = resolve_model(model, dev)
-    for site in sites:
-        site_hooks(m, site)
-    if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
-        prefetch_features(
-            m,
-            task_list,
-            prefills,
-            data_map,
-            sites,
-            controls,
-            seed,
-            progress=progress if world.main else None,
-        )
-        world.barrier()
-        if not world.main:
-            return None
-    df = run_fit(
-        m,
-        name,
-        task_list,
-        prefills,
-        data_map,
-        out,
-        seed=seed,
-        folds=folds,
-        controls=controls,
-        progress=progress,
-        probe=probe,
-        sites=sites,
-    )
-    return df, name
-
-
 def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress=None):
     """Features of every (task, prefill, site, model) the protocol reads: {key: array} and
-    the (site, prefill) pairs whose hook does not fire (e.g. fusion.* in pass 1).
-    ``models``: {"trained": (model, hash), "random_init": (control, hash)}."""
+    the (site, prefill) pairs whose hook does not fire (e.g. fusion.* in pass 1), keyed by
+    the prefill's name. ``models``: {"trained": (model, hash), "random_init": (control,
+    hash)}; ``prefills``: {name: Prefill}."""
     feats: dict[tuple[str, str, str, str], np.ndarray] = {}
     jobs = [
         (t, p, site, v)
@@ -397,7 +334,7 @@ def extract_all(models, datasets, prefills, sites, controls, cache_dir, progress
             continue
         try:
             feats[(t, p, site, v)], _ = extract_cached(
-                m, datasets[t], p, cache_dir, mhash=h, site=site
+                m, datasets[t], prefills[p], cache_dir, mhash=h, site=site
             )
         except SiteNotFired:
             skipped.append((site, p))
@@ -417,8 +354,9 @@ def prefetch_features(
     cache_dir=DEFAULT_CACHE,
     progress=None,
 ) -> None:
-    """Under torchrun: every rank extracts its share of the features ``run_fit`` reads and
-    rank 0 writes them to the disk cache, where ``run_fit`` on rank 0 then finds them."""
+    """Under torchrun: every rank extracts its share of the features ``fit_protocol`` reads
+    and rank 0 writes them to the disk cache, where ``fit_protocol`` on rank 0 then finds
+    them. ``prefills``: Prefill objects (or their words)."""
     if cache_dir is None:
         raise ValueError("extraction across ranks needs the feature cache (cache_dir)")
     control = random_init_like(model, seed=seed) if controls else None
@@ -427,7 +365,8 @@ def prefetch_features(
         "random_init": (control, model_hash(control) if control is not None else None),
     }
     datasets = {t: load_or_generate(t, (data or {}).get(t), model) for t in tasks}
-    extract_all(models, datasets, prefills, sites, controls, cache_dir, progress)
+    by_name = {p.name: p for p in map(parse_prefill, prefills)}
+    extract_all(models, datasets, by_name, sites, controls, cache_dir, progress)
 
 
 def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
@@ -449,44 +388,51 @@ def _run_cells(specs, seed, folds, n_jobs, progress, label, probe="logistic"):
     return out
 
 
-def versions() -> dict:
-    return {
-        "fbt_probe": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "sklearn": sklearn.__version__,
-        "numpy": np.__version__,
-        "vocab": vocab.VOCAB_VERSION,
-    }
-
-
 def write_results(df: pd.DataFrame, out: Path, meta: dict) -> None:
 
     write_table(df, out / "probe_results.csv")
     write_json(meta, out / "probe_results.json", indent=2)
 
 
-def run(options, progress=None) -> Result:
-    """The ``fit`` analysis (``probes.fit.FitOptions``): the protocol, then the table at the
-    feedback's entry depth in the lines it reports."""
-
-    done = fit(
-        model=options.model,
-        task=options.task,
-        prefill=options.prefill,
-        data=options.data,
-        out=options.out,
-        seed=options.seed,
-        folds=options.folds,
-        controls=not options.no_controls,
-        probe=options.probe,
-        sites=tuple(options.site or (RESID,)),
-        device=options.device,
+def run(options: FitOptions, progress=None) -> Result:
+    """``fbt-probe fit``: the protocol on the model ``--model`` names, on options checked
+    before any work, then the table at the feedback's entry depth in the lines it reports.
+    Under torchrun the ranks share the extraction and rank 0 fits and writes (the others
+    return no tables)."""
+    o, out = options, Path(options.out)
+    task_list, data_map = o.tasks_and_data
+    dev, world = place(o.device)
+    m, name = resolve_model(o.model, dev)
+    for site in o.sites:
+        site_hooks(m, site)
+    if world.size > 1:  # torchrun: the ranks share the extraction, rank 0 fits and writes
+        prefetch_features(
+            m,
+            task_list,
+            o.prefills,
+            data_map,
+            o.sites,
+            o.controls,
+            o.seed,
+            progress=progress if world.main else None,
+        )
+        world.barrier()
+        if not world.main:
+            return Result()
+    df = fit_protocol(
+        m,
+        name,
+        task_list,
+        o.prefills,
+        data_map,
+        out,
+        seed=o.seed,
+        folds=o.folds,
+        controls=o.controls,
         progress=progress,
+        probe=o.probe,
+        sites=o.sites,
     )
-    if done is None:
-        return Result()  # another rank of torchrun
-    df, out = done[0], Path(options.out)
     d = entry_depth(out)
     where = "layer 0" if d == 0 else f"depth {d} (block {d}'s input, where the feedback enters)"
     return Result(
@@ -505,6 +451,6 @@ def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list
     """``fbt-probe reproduce``'s fit: every task, prefill and control into ``out`` (what
     becomes ``results``), its figures, and the table at the feedback's entry depth."""
 
-    df = run_fit(model, name, out_dir=out, progress=progress)
+    df = fit_protocol(model, name, out_dir=out, progress=progress)
     plot_all(out)
     return format_layer0(layer0_table(df, model.entry_depth)).splitlines()

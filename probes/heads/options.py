@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.common.options import JACOBI_WORDS, Common, option
+from probes.common.options import JACOBI_WORDS, Common, JacobiPasses, option
 
 
 @dataclass(frozen=True)
-class HeadsOptions(Common):
+class HeadsOptions(JacobiPasses, Common):
+    PASSES = (1, 16)
+
     prefill: str = option("recurrent", "--prefill", "-p")
     "The Jacobi passes read, every one up to the last: " + JACOBI_WORDS + "; 1..16 passes."
     data: Path | None = option(None, "--data")
@@ -20,3 +22,8 @@ class HeadsOptions(Common):
     """Bootstrap seed and the induction test's tokens."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""
+
+    def validate(self) -> None:
+        """Every option that can be wrong without the model, before any work."""
+        _ = self.passes  # parsed now: a bad --prefill fails before any work
+        _ = self.tasks_and_data

@@ -1,6 +1,6 @@
 """``fbt-probe heads``: attention by pass, per head, on each task's prompts with twins.
 
-Per task, pass, layer and head (``fbt_probe.heads``):
+Per task, pass, layer and head (``fbt_probe.kernels.heads``):
 
 - ``prev_token``: the weight of each position on the one before it, over the prompt up to the
   read position (the one whose next token is the answer);
@@ -27,22 +27,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.device import resolve_device
-from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
+from fbt_probe.kernels.heads import head_reads, induction_scores, repeated_tokens
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import jacobi_passes
+from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
-from probes.common.data import load_or_generate, tasks_and_data
+from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens
-from probes.common.options import as_kwargs
 from probes.common.tables import write_json, write_table
 from probes.common.twins import Pairs, batches, pairs_of
 from probes.common.work import check_data_work
+from probes.heads.options import HeadsOptions
 from probes.heads.plot import plot_heads
 from tasks import vocab
 from tasks.base import POOLED
-from tasks.safe_files import check_output_dir
 
 COLUMNS = [
     "task",
@@ -58,7 +56,7 @@ COLUMNS = [
 ]
 MEASURES = ("prev_token", "label", "label_next", "induction")
 PER_EXAMPLE = MEASURES[:3]
-MAX_PASSES, INDUCTION_SEQS, INDUCTION_HALF = 16, 64, 24
+INDUCTION_SEQS, INDUCTION_HALF = 64, 24
 
 
 def shown_example(counts: np.ndarray) -> int:
@@ -202,61 +200,46 @@ def headline(df: pd.DataFrame, task: str) -> str:
     )
 
 
-def heads(
-    *,
-    model: str = "default",
-    task: str = "all",
-    passes: int = 2,
-    data: str | Path | None = None,
-    out: str | Path = "results/heads",
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str = "cpu",
-    progress=None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """``fbt-probe heads`` (see the module docstring); every argument is checked first."""
-
-    out, t0 = Path(out), time.monotonic()
-    if not 1 <= passes <= MAX_PASSES:
-        raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
-    if seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {seed}")
-    check_output_dir(out)
-    task_list, data_map = tasks_and_data(task, data)
-    m, name = resolve_model(model, resolve_device(device))
+def run(options: HeadsOptions, progress=None) -> Result:
+    """``fbt-probe heads`` (see the module docstring), on options checked before any work;
+    its table and the lines it reports."""
+    o, out, t0 = options, Path(options.out), time.monotonic()
+    task_list, data_map = o.tasks_and_data
+    m, name = resolve_model(o.model, resolve_device(o.device))
     m.eval()
     if not m.n_heads:
         raise ValueError(f"{name}: its attention layout has no per-head hooks here")
     datasets = {t: load_or_generate(t, (data_map or {}).get(t), m, twins=True) for t in task_list}
-    check_data_work(m, datasets.values(), passes, 1, "--prefill")  # one run of every example
-    rows, patterns, shown = induction_rows(m, passes, seed), [], {}
+    check_data_work(m, datasets.values(), o.passes, 1, "--prefill")  # one run of every example
+    rows, patterns, shown = induction_rows(m, o.passes, o.seed), [], {}
     for t, ds in datasets.items():
         pairs = pairs_of(ds)
         counts = ds.n_distractors[pairs.rows]
         show = shown_example(counts)
-        got = collect(m, pairs, passes, show, batch_size, progress, t)
-        rows += summarise(t, got, pairs, counts, seed)
+        got = collect(m, pairs, o.passes, show, o.batch_size, progress, t)
+        rows += summarise(t, got, pairs, counts, o.seed)
         patterns.append(pattern_rows(t, m, pairs, show, got["row"]))
         shown[t] = {
             "row": int(pairs.rows[show]),
             "distractors": int(counts[show]),
             "pairs": len(pairs),
         }
-    return _write(
+    df, lines = _write(
         out,
         pd.DataFrame(rows, columns=COLUMNS),
         pd.concat(patterns, ignore_index=True),
         {
             "model": name,
             "tasks": list(task_list),
-            "passes": passes,
-            "seed": seed,
+            "passes": o.passes,
+            "seed": o.seed,
             "shown": shown,
             "induction": {"sequences": INDUCTION_SEQS, "half": INDUCTION_HALF},
             "seconds": time.monotonic() - t0,
         },
         plot_heads,
     )
+    return Result({"heads": df}, lines)
 
 
 def _write(
@@ -275,10 +258,3 @@ def _write(
         f"{out / 'figures'}"
     )
     return df, lines
-
-
-def run(options, progress=None) -> Result:
-    """The ``heads`` analysis (``probes.heads.HeadsOptions``)."""
-    passes = jacobi_passes(options.prefill, 1, MAX_PASSES)
-    df, lines = heads(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
-    return Result({"heads": df}, lines)

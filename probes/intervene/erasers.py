@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from concept_erasure import LeaceEraser
 
+from probes.common.probe import probe_class
 from probes.common.twins import Pairs
-from probes.fit.probe import probe_class
 
 DIRECTION_C = 0.1  # regularisation of the per-fold probes steering uses when none is saved
 

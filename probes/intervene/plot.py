@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from fbt_probe.patching import STATE_HOOK
+from fbt_probe.kernels.patching import STATE_HOOK
 from probes.common.figures import CMAP, PALETTE, ordered_prefills, save_figure, subplots
+from probes.common.metrics import IV_COLUMNS
 from probes.common.tables import read_long_table
 from probes.common.twins import WINDOWS
-from probes.intervene.metrics import IV_COLUMNS
 
 DEPTH_COLUMNS = (
     ("erase_probe", None),

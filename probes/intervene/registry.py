@@ -46,11 +46,11 @@ from functools import cached_property
 
 import torch
 
-from fbt_probe.patching import STATE_HOOK, first_true, replace_where
+from fbt_probe.kernels.patching import STATE_HOOK, first_true, replace_where
+from fbt_probe.util.lists import comma_items
+from fbt_probe.util.registry import Registry
 from probes.common.twins import EARLY_WINDOWS, WINDOWS, PairBatch, window_mask
 from probes.intervene.erasers import DepthTools, erase, erase_subspace
-from tasks.lists import comma_items
-from tasks.registry import Registry
 
 ALPHAS = (-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0)
 PATCH_ONLY = f"{STATE_HOOK} (patch only)"

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from fbt_probe.patching import STATE_HOOK
+from fbt_probe.kernels.patching import STATE_HOOK
+from fbt_probe.util.files import read_json
 from probes.analysis import Figure
 from probes.common.figures import ordered_prefills
+from probes.common.html import rows_grid
+from probes.common.metrics import IV_COLUMNS
+from probes.common.probe_results import load_results, primary
 from probes.common.tables import percent, read_long_table
-from probes.fit.results import load_results, primary
-from probes.intervene.metrics import IV_COLUMNS
 from probes.intervene.plot import depth_cells, depth_of, interchange_cells, site_ladder
 from probes.intervene.registry import TOKEN_SITE
-from probes.report.html import rows_grid
 from tasks.base import POOLED
-from tasks.safe_files import read_json
 
 # below this clean accuracy a model does not do the task, and no route can be said to carry it
 MIN_CLEAN_ACCURACY = 0.8

@@ -3,10 +3,10 @@
 Every example of a twin dataset (``generate --twins``) has a counterfactual twin
 (``probes.common.twins``). Both are run once per prefill (``clean_run``); every intervention of the
 registry (``probes.intervene.registry``) is then a patched re-run of the last pass from its first
-patched position on (``fbt_probe.patching``), read at the answer position (the colon; for
+patched position on (``fbt_probe.kernels.patching``), read at the answer position (the colon; for
 multi_register the position that predicts the flipped register's value).
 
-Metrics, each with a 95 % bootstrap interval over groups (``probes.fit.cv.GroupBootstrap``):
+Metrics, each with a 95 % bootstrap interval over groups (``probes.common.cv.GroupBootstrap``):
 ``accuracy`` (the clean label is the argmax over the vocabulary), ``flip_rate`` (the twin's
 label is) and ``logit_diff``, the normalised logit difference (mean of l_clean - l_twin,
 rescaled so that 1 = the clean run and 0 = the twin run).
@@ -24,17 +24,26 @@ import pandas as pd
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.distributed import place
 from fbt_probe.feedback import FeedbackModel
+from fbt_probe.kernels.patching import clean_run, patched_output
 from fbt_probe.loading import random_init_like, resolve_model
-from fbt_probe.patching import clean_run, patched_output
-from fbt_probe.prefill import Prefill, parse_prefill, parse_prefills
+from fbt_probe.prefill import Prefill, parse_prefill
+from fbt_probe.train.distributed import place
+from fbt_probe.util.files import claims
 from probes.analysis import Result
+from probes.common.artifacts import check_use, load_probes
 from probes.common.bootstrap import N_BOOT
-from probes.common.data import load_or_generate, tasks_and_data
-from probes.common.extract import DEFAULT_CACHE, depth_hooks, extract_cached, max_batch_tokens
-from probes.common.options import as_kwargs
-from probes.common.tables import write_json, write_table
+from probes.common.cv import grouped_splits
+from probes.common.data import load_or_generate
+from probes.common.extract import (
+    DEFAULT_CACHE,
+    depth_hooks,
+    extract_cached,
+    max_batch_tokens,
+    pick_depths,
+)
+from probes.common.metrics import CLEAN, TWIN, Key, Record, reference, summarise
+from probes.common.tables import versions, write_json, write_table
 from probes.common.twins import (
     WINDOWS,
     PairBatch,
@@ -47,18 +56,13 @@ from probes.common.twins import (
     window_mask,
 )
 from probes.common.work import check_data_work, prefill_passes
-from probes.fit.artifacts import check_use, load_probes
-from probes.fit.cv import grouped_splits
-from probes.fit.run import versions
 from probes.intervene.erasers import DIRECTION_C, depth_tools, saved_directions
-from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
+from probes.intervene.options import InterveneOptions
 from probes.intervene.plot import plot_interventions
 from probes.intervene.registry import ALPHAS, REGISTRY, Context, parse_interventions, specs
 from probes.intervene.report import headline, headlines
-from tasks import get_task, target_names
+from tasks import target_names
 from tasks.dataset import Dataset
-from tasks.lists import comma_numbers
-from tasks.safe_files import check_output_dir, claims
 
 # The clean runs of every batch are kept for the patched runs (each batch then runs once)
 # while they fit in this many bytes; beyond it, a batch's clean and twin runs are done again
@@ -109,27 +113,6 @@ def clean_and_twin_runs(
         if progress is not None:
             progress(k + 1, len(bs), f"{label}: clean and twin runs")
     return (total / max(count, 1)).float().to(next(model.parameters()).device), fed
-
-
-# The depth interventions (erasers, steering: 20 patched runs a depth) run at this many
-# depths of the colon by default, evenly spaced from the embeddings to the top: all of the
-# built-in model's 5; 5 of a 30-layer model's 31, whose every depth would take hours on a CPU.
-DEFAULT_DEPTHS = 5
-
-
-def pick_depths(spec: str | None, n_depths: int) -> tuple[int, ...]:
-    """The depths of ``--depths``: 'all', comma-separated depths, or None (DEFAULT_DEPTHS of
-    them, evenly spaced, the first and the last among them)."""
-    if spec is None:
-        k = min(DEFAULT_DEPTHS, n_depths)
-        return tuple(sorted({round(x) for x in np.linspace(0, n_depths - 1, k)}))
-    if spec.strip() == "all":
-        return tuple(range(n_depths))
-    usage = f"--depths {spec!r}: give 'all' or depths between 0 and {n_depths - 1}, comma-separated"
-    picked = sorted(comma_numbers(spec, "--depths", lambda w: [int(w)], usage))
-    if not picked or not all(0 <= d < n_depths for d in picked):
-        raise ValueError(usage)
-    return tuple(picked)
 
 
 def fit_tools(
@@ -316,7 +299,7 @@ def run_battery(
 
 # ---- the command ------------------------------------------------------------------------
 @claims("out_dir")
-def run_intervene(
+def intervene_battery(
     model: FeedbackModel,
     model_name: str,
     plan: list[tuple[str, str]],
@@ -401,101 +384,58 @@ def run_intervene(
     return df
 
 
-def intervene(
-    *,
-    task: str = "all",
-    prefill: str = "recurrent",
-    model: str = "default",
-    data: str | Path | None = None,
-    out: str | Path = "results/interventions",
-    probes_dir: str | Path | None = None,
-    seed: int = 0,
-    random_init: bool = False,
-    batch_size: int = 128,
-    device: str = "cpu",
-    kinds: str | None = None,
-    depths: str | None = None,
-    progress: Callable | None = None,
-):
-    """``fbt-probe intervene``: the battery (``kinds``: comma-separated names, default all)
-    on each task x prefill, checked before any work; writes ``interventions.csv`` and
-    ``.json`` and the figures. Under torchrun the ranks share the probe features'
-    extraction and rank 0 runs the battery. Returns (results, plan), None on other ranks."""
-
-    prefills = parse_prefills(prefill)
-    names = parse_interventions(kinds)
-    task_list, data_map = tasks_and_data(task, data)
-    for t in task_list:
-        if not hasattr(get_task(t), "twin"):
-            raise ValueError(f"task {t} defines no twins, so it cannot be intervened on")
-    if seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {seed}")
-    check_output_dir(Path(out))
-    if random_init and probes_dir is not None:
-        raise ValueError("--random-init: saved probes belong to the trained model; drop --probes")
-    if probes_dir is not None:
-        if not any(REGISTRY[k].directions for k in names):
-            raise ValueError(
-                f"--probes: none of the interventions ({', '.join(names)}) reads a "
-                "probe direction (erase_probe, steer_probe do)"
-            )
-        saved = load_probes(probes_dir)  # a missing or unreadable folder fails now
-    dev, world = place(device)
-    m, name = resolve_model(model, dev)
-    used = pick_depths(depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
-    if probes_dir is not None:  # the probes must be the ones this battery reads, or it refuses
+def run(options: InterveneOptions, progress=None) -> Result:
+    """``fbt-probe intervene``: the battery (``--intervention``: comma-separated names,
+    default all) on each task x prefill, on options checked before any work; writes
+    ``interventions.csv`` and ``.json`` and the figures. Under torchrun the ranks share the
+    probe features' extraction and rank 0 runs the battery (the others return no tables)."""
+    o = options
+    task_list, data_map = o.tasks_and_data
+    dev, world = place(o.device)
+    m, name = resolve_model(o.model, dev)
+    used = pick_depths(o.depths, len(depth_hooks(m)))  # a bad --depths fails now, not after work
+    if o.probes is not None:  # the probes must be the ones this battery reads, or it refuses
         check_use(
-            saved,
-            probes_dir,
+            o.saved_probes,
+            o.probes,
             model_hash(m),
-            [(t, p.name) for t in task_list for p in prefills],
+            [(t, p.name) for t in task_list for p in o.prefills],
             used,
             m.cfg.d_model,
         )
-    if random_init:
-        m, name = random_init_like(m, seed=seed), f"random-init control of {name} (seed {seed})"
+    if o.random_init:
+        m, name = random_init_like(m, seed=o.seed), f"random-init control of {name} (seed {o.seed})"
     if world.size > 1:  # torchrun: the ranks share the probe features' extraction
         for t in task_list:
             ds = load_or_generate(t, (data_map or {}).get(t), m, twins=True)
-            for p in prefills:
+            for p in o.prefills:
                 extract_cached(m, ds, p)
         world.barrier()
         if not world.main:
-            return None  # rank 0 runs the battery, finding the features in the cache
-    plan = [(t, p.name) for t in task_list for p in prefills]
-    df = run_intervene(
+            return Result()  # rank 0 runs the battery, finding the features in the cache
+    plan = [(t, p.name) for t in task_list for p in o.prefills]
+    out = Path(o.out)
+    df = intervene_battery(
         m,
         name,
         plan,
         out,
         data=data_map,
-        probes_dir=probes_dir,
-        seed=seed,
-        batch_size=batch_size,
+        probes_dir=o.probes,
+        seed=o.seed,
+        batch_size=o.batch_size,
         progress=progress,
-        kinds=names,
-        depths=depths,
+        kinds=o.interventions,
+        depths=o.depths,
     )
-    plot_interventions(df, Path(out) / "figures")
-    return df, plan
+    plot_interventions(df, out / "figures")
+    lines = [f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"]
+    return Result({"interventions": df}, lines + headlines(df, plan, out))
 
 
 # the paper's one-step probe setting on delayed_memory, and the exact recurrence, what
 # inference computes, on done_tracking: the battery ``fbt-probe reproduce`` runs
 BATTERY = (("delayed_memory", "recurrent"), ("done_tracking", "full"))
-
-
-def run(options, progress=None) -> Result:
-    """The ``intervene`` analysis (``probes.intervene.InterveneOptions``)."""
-    done = intervene(
-        **as_kwargs(options, probes="probes_dir", intervention="kinds"), progress=progress
-    )
-    if done is None:
-        return Result()  # another rank of torchrun
-    df, plan = done
-    out = Path(options.out)
-    lines = [f"wrote {out / 'interventions.csv'} ({len(df)} rows) and figures in {out / 'figures'}"]
-    return Result({"interventions": df}, lines + headlines(df, plan, out))
 
 
 def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list[str]:
@@ -504,6 +444,6 @@ def reproduce(model, name: str, results: Path, out: Path, progress=None) -> list
     the probes fitted into ``results``."""
 
     out = Path(out)
-    iv = run_intervene(model, name, list(BATTERY), out, probes_dir=results, progress=progress)
+    iv = intervene_battery(model, name, list(BATTERY), out, probes_dir=results, progress=progress)
     plot_interventions(iv, out / "figures")
     return [f"  {headline(iv, t, p)}" for t, p in BATTERY]

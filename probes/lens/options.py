@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.common.options import JACOBI_WORDS, Common, option
+from probes.common.options import JACOBI_WORDS, Common, JacobiPasses, option
 
 
 @dataclass(frozen=True)
-class LensOptions(Common):
+class LensOptions(JacobiPasses, Common):
+    PASSES = (1, 16)
+
     prefill: str = option("k3", "--prefill", "-p")
     "The Jacobi passes read, every one up to the last: " + JACOBI_WORDS + "; 1..16 passes."
     position: str = option("answer", "--position")
@@ -24,3 +26,14 @@ class LensOptions(Common):
     """Which groups fit the tuned lens; bootstrap seed."""
     batch_size: int = option(64, "--batch-size", min=1)
     """Examples per batch."""
+
+    def validate(self) -> None:
+        """Every option that can be wrong without the model, before any work."""
+        from probes.lens.run import check_position
+
+        _ = self.passes  # parsed now: a bad --prefill fails before any work
+        if self.tuned_lens is not None and not self.tuned:
+            raise ValueError(
+                "--tuned-lens reads a saved tuned lens, --no-tuned reads none: give one"
+            )
+        check_position(self.position, self.tasks_and_data[0])

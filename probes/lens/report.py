@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
+from probes.common.html import heatmap, value_tip
 from probes.common.tables import findings, read_long_table
 from probes.lens.plot import READ_NAMES, read_order
 from probes.lens.run import headline
-from probes.report.html import heatmap, value_tip
 from tasks.base import POOLED
 
 

@@ -4,7 +4,7 @@ whose next token is the answer (the first label's first token; the colon of dela
 and done_tracking).
 
 The tasks' groups are split in two by the seed: a tuned lens is fitted on the first half's
-prompts (every position after the first, every pass; ``fbt_probe.lens``) and saved in
+prompts (every position after the first, every pass; ``fbt_probe.kernels.lens``) and saved in
 ``<out>/tuned_lens/``; every measure is taken on the other half. With ``--tuned-lens DIR``
 (a saved one, checked against the model's hash) or ``--no-tuned`` nothing is fitted and every
 example is measured. Writes ``lens.csv`` (one row per task, lens, read, pass, distractor
@@ -21,23 +21,21 @@ import pandas as pd
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.device import resolve_device
-from fbt_probe.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
+from fbt_probe.kernels.lens import LensReads, RidgeStats, Translators, accumulate, lens_batch
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import jacobi_passes
+from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
-from probes.common.data import load_or_generate, tasks_and_data
-from probes.common.extract import length_batches, max_batch_tokens, parse_site, site_positions
-from probes.common.options import as_kwargs
+from probes.common.data import load_or_generate
+from probes.common.extract import length_batches, max_batch_tokens, parse_site
+from probes.common.prompts import answer_positions, prompts
 from probes.common.tables import write_json, write_table
-from probes.common.twins import padded
 from probes.common.work import check_data_work
+from probes.lens.options import LensOptions
 from probes.lens.plot import plot_lens
-from tasks import get_task, vocab
+from tasks import get_task
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import check_output_dir
 
 COLUMNS = [
     "task",
@@ -51,7 +49,6 @@ COLUMNS = [
     "ci_high",
     "n",
 ]
-MAX_PASSES = 16
 
 
 def split_groups(ds: Dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,29 +57,6 @@ def split_groups(ds: Dataset, seed: int) -> tuple[np.ndarray, np.ndarray]:
     fit = set(np.random.default_rng(seed).permutation(groups)[: len(groups) // 2].tolist())
     mask = np.array([g in fit for g in ds.group.tolist()])
     return np.flatnonzero(mask), np.flatnonzero(~mask)
-
-
-def answer_positions(ds: Dataset, model, position: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per example: where it is read and the answer token scored there, the first label's
-    first token. ``position`` 'answer' reads where that token is next (the colon of
-    delayed_memory and done_tracking; the first register's name after multi_register's
-    colon); otherwise a site position (``colon``, ``colon-K``, a declared one)."""
-    enc = getattr(model, "encoding", None)
-    first = (lambda w: enc.first_token(w)) if enc is not None else (lambda w: vocab.encode([w])[0])
-    at, answer = np.zeros(len(ds), np.int64), np.zeros(len(ds), np.int64)
-    for i, (ids, labels, c) in enumerate(zip(ds.token_ids, ds.labels, ds.colon_index, strict=True)):
-        hits = np.flatnonzero(np.asarray(ids[c + 1 :]) == first(labels[0]))
-        if not len(hits):
-            raise ValueError(f"row {i}: its first label {labels[0]!r} is not after its colon")
-        answer[i], at[i] = first(labels[0]), c + int(hits[0])
-    if position != "answer":
-        at = site_positions(ds, f"resid@{position}")
-    return at, answer
-
-
-def prompts(ds: Dataset, idx: np.ndarray, lengths: np.ndarray, device) -> torch.Tensor:
-    """(len(idx), longest) the examples' first ``lengths`` tokens, right-padded."""
-    return padded([ds.token_ids[i][: lengths[i]] for i in idx]).to(device)
 
 
 def fit_translators(
@@ -273,65 +247,40 @@ def check_position(position: str, tasks) -> None:
             )
 
 
-def lens(
-    *,
-    model: str = "default",
-    task: str = "all",
-    passes: int = 3,
-    position: str = "answer",
-    data: str | Path | None = None,
-    out: str | Path = "results/lens",
-    tuned: bool = True,
-    tuned_lens: str | Path | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str = "cpu",
-    progress=None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """``fbt-probe lens`` (see the module docstring); returns the table and the report's
-    lines. Every argument is checked before any work."""
-
-    out = Path(out)
-    if not 1 <= passes <= MAX_PASSES:
-        raise ValueError(f"--passes must be in 1..{MAX_PASSES}, got {passes}")
-    if batch_size < 1:
-        raise ValueError("--batch-size must be at least 1")
-    if tuned_lens is not None and not tuned:
-        raise ValueError("--tuned-lens reads a saved tuned lens, --no-tuned reads none: give one")
-    check_output_dir(out)
-    task_list, data_map = tasks_and_data(task, data)
-    check_position(position, task_list)
-    m, name = resolve_model(model, resolve_device(device))
+def run(options: LensOptions, progress=None) -> Result:
+    """``fbt-probe lens`` (see the module docstring), on options checked before any work;
+    its table and the lines it reports."""
+    o, out = options, Path(options.out)
+    task_list, data_map = o.tasks_and_data
+    m, name = resolve_model(o.model, resolve_device(o.device))
     m.eval()
     mhash = model_hash(m)
-    loaded = Translators.load(tuned_lens, m, mhash) if tuned_lens is not None else None
+    loaded = Translators.load(o.tuned_lens, m, mhash) if o.tuned_lens is not None else None
     datasets = {t: load_or_generate(t, (data_map or {}).get(t), m) for t in task_list}
-    check_data_work(m, datasets.values(), passes, 1 + (tuned and loaded is None), "--prefill")
-    where = {t: answer_positions(ds, m, position) for t, ds in datasets.items()}
-    fitting = tuned and loaded is None
+    fitting = o.tuned and loaded is None
+    check_data_work(m, datasets.values(), o.passes, 1 + fitting, "--prefill")
+    where = {t: answer_positions(ds, m, o.position) for t, ds in datasets.items()}
     split = {
-        t: split_groups(ds, seed) if fitting else (np.array([], int), np.arange(len(ds)))
+        t: split_groups(ds, o.seed) if fitting else (np.array([], int), np.arange(len(ds)))
         for t, ds in datasets.items()
     }
-    translators = loaded if tuned else None
+    translators = loaded if o.tuned else None
     if fitting:
         translators = _fit_on_halves(
-            m, name, mhash, datasets, split, passes, seed, batch_size, progress
+            m, name, mhash, datasets, split, o.passes, o.seed, o.batch_size, progress
         )
     rows, lines = [], []
     for t, ds in datasets.items():
         idx = split[t][1]
-        reads = measure(
-            m, ds, idx, where[t], passes, translators if tuned else None, batch_size, progress
-        )
-        rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], seed)
+        reads = measure(m, ds, idx, where[t], o.passes, translators, o.batch_size, progress)
+        rows += summarise(t, reads, ds.group[idx], ds.n_distractors[idx], o.seed)
     df = pd.DataFrame(rows, columns=COLUMNS)
     doc = {
         "model": name,
         "model_hash": mhash,
-        "passes": passes,
-        "position": position,
-        "seed": seed,
+        "passes": o.passes,
+        "position": o.position,
+        "seed": o.seed,
         "tuned_lens": None if translators is None else translators.meta,
         "datasets": {
             t: {"content_hash": ds.content_hash, "n_measured": len(split[t][1])}
@@ -346,11 +295,4 @@ def lens(
         f"wrote {out / 'lens.csv'} ({len(df)} rows) and figures in {out / 'figures'}"
         + (f"; the tuned lens in {out / 'tuned_lens'}" if fitting else "")
     )
-    return df, lines
-
-
-def run(options, progress=None) -> Result:
-    """The ``lens`` analysis (``probes.lens.LensOptions``)."""
-    passes = jacobi_passes(options.prefill, 1, MAX_PASSES)
-    df, lines = lens(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
     return Result({"lens": df}, lines)

@@ -3,7 +3,7 @@
 Every example of a twin dataset of a generated-answer task is decoded greedily, and so is its
 twin (``generate --twins``: the same words but the one that changes one answer word). Then, at
 each generated step s, what the step reads is swapped for what the twin's step s read
-(``fbt_probe.generation.closed_loop``: the fed-back state h_{s-1}, the embedding of token
+(``fbt_probe.kernels.generation.closed_loop``: the fed-back state h_{s-1}, the embedding of token
 s - 1, or both), and the model keeps generating on its own. Per task, mode, kind and step
 (``loop.csv``, intervals over groups):
 
@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.device import resolve_device
-from fbt_probe.generation import KINDS, closed_loop
+from fbt_probe.kernels.generation import KINDS, closed_loop
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_modes
+from fbt_probe.runtime.device import resolve_device
+from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
@@ -45,7 +46,6 @@ from probes.common.work import check_data_work
 from probes.loop.plot import plot_loop
 from tasks import vocab
 from tasks.dataset import Dataset
-from tasks.lists import comma_items
 
 COLUMNS = [
     "task",

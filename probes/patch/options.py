@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from probes.common.options import Common, option
@@ -30,3 +31,17 @@ class PatchOptions(Common):
     """Examples per batch."""
     groups: int | None = option(None, "--groups", min=1)
     """Patch only the examples of this many groups (default: every one), for a quicker sweep."""
+
+    @cached_property
+    def parsed(self) -> tuple:
+        """(the prefill, the kinds, the patched pass counted from 0), read once."""
+        from probes.patch.run import parse_args
+
+        return parse_args(self.prefill, self.kinds, self.pass_number)
+
+    def validate(self) -> None:
+        """Every option that can be wrong without the model, before any work."""
+        from probes.common.data import one_task
+
+        _ = self.parsed
+        one_task(self.task)

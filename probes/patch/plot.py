@@ -10,17 +10,9 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from probes.common.figures import save_figure, subplots
+from fbt_probe.util.files import read_json
+from probes.common.figures import DIVERGING, save_figure, site_depth, subplots
 from probes.common.tables import read_long_table
-from tasks.safe_files import read_json
-
-DIVERGING = "RdBu"  # 0 (the twin's answer) red, 1 (the clean one) blue
-
-
-def _depth(site: str) -> int:
-    """blocks.{l}.hook_resid_pre -> l; blocks.{l}.hook_resid_post -> l + 1."""
-    layer = int(re.search(r"blocks\.(\d+)\.", site).group(1))
-    return layer + 1 if site.endswith("resid_post") else layer
 
 
 def patch_matrix(df: pd.DataFrame, task: str, kind: str) -> pd.DataFrame:
@@ -30,7 +22,7 @@ def patch_matrix(df: pd.DataFrame, task: str, kind: str) -> pd.DataFrame:
     if g.empty:
         return pd.DataFrame()
     if kind == "resid":
-        g["row"] = g.site.map(_depth)
+        g["row"] = g.site.map(site_depth)
         cols = list(dict.fromkeys(g.positions))
     elif kind == "head":
         g["row"] = g.site.map(lambda s: int(re.search(r"blocks\.(\d+)\.", s).group(1)))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbt_probe.util.files import read_json
 from probes.analysis import Figure
 from probes.common.tables import read_long_table
 from probes.patch.plot import findings
-from tasks.safe_files import read_json
 
 
 def section(results: Path) -> list:

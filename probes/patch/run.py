@@ -28,31 +28,34 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.budget import check_work
-from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
-from fbt_probe.hooks import at as only_in
+from fbt_probe.kernels.patching import STATE_HOOK, clean_run, replace_where
 from fbt_probe.loading import resolve_model
-from fbt_probe.patching import STATE_HOOK, clean_run, patched_output, replace_where
 from fbt_probe.prefill import Prefill, parse_prefill
+from fbt_probe.runtime.budget import check_work
+from fbt_probe.runtime.device import resolve_device
+from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
-from probes.common.data import load_or_generate, one_task
-from probes.common.extract import max_batch_tokens
-from probes.common.options import as_kwargs
+from probes.common.data import load_or_generate
+from probes.common.extract import max_batch_tokens, pick_depths
+from probes.common.metrics import CLEAN, TWIN, Key, Record, reference, summarise
+from probes.common.patching import (
+    Runner,
+    count_sites,
+    first_patched,
+    head_hook,
+    layer_from,
+    resid_columns,
+)
 from probes.common.tables import write_json, write_table
-from probes.common.twins import PairBatch, answer_logits, batches, pairs_of
-from probes.intervene.metrics import CLEAN, TWIN, Key, Record, reference, summarise
-from probes.intervene.run import pick_depths
+from probes.common.twins import PairBatch, aligned_pairs, answer_logits, batches
+from probes.patch.options import PatchOptions
 from probes.patch.plot import findings, plot_patch
-from tasks.lists import comma_items
-from tasks.safe_files import check_output_dir
 
 KINDS = ("resid", "head", "path")
-BACK = 4  # answer-0 .. answer-3: the positions counted back from the answer
 
 
 def twin_acts(
@@ -65,61 +68,6 @@ def twin_acts(
         b.twin_tokens, passes=pf.passes, names_filter=names, last_only=last
     )
     return out.passes[-1], caches.last if last else caches.of_pass(at_pass + 1)
-
-
-class Runner:
-    """Patched runs of one batch in one pass. In the last pass, ``clean_run``'s trace is reused
-    (from the first patched position and depth on); in an earlier pass the hooks act in that
-    pass only and every later pass is run again, whole."""
-
-    def __init__(self, model: FeedbackModel, b: PairBatch, pf: Prefill, at_pass: int | None):
-        self.model, self.b, self.pf = model, b, pf
-        self.early = at_pass is not None and at_pass < pf.passes - 1
-        self.at_pass = at_pass
-
-    def __call__(self, hooks, start: int, layer: int):
-        """The last pass's output and the first position it covers."""
-        if not self.early:
-            return patched_output(self.model, self.b.clean, start, hooks, None, layer), start
-        only = [(name, only_in(fn, on_pass=self.at_pass + 1)) for name, fn in hooks]
-        with self.model.hooks(fwd_hooks=only):
-            out = self.model(self.b.tokens, passes=self.pf.passes, keep_all=False)
-        return out.passes[-1], 0
-
-
-def head_hook(head: int, mask: torch.Tensor, values: torch.Tensor):
-    """A hook on a (batch, pos, head, d_head) activation: ``head``'s slice replaced by
-    ``values``' where ``mask`` (batch, pos) is true; every other head untouched."""
-
-    def hook(x, hook):
-        off, n = int(hook.ctx.get("first_position", 0)), x.shape[1]
-        m = mask[:, off : off + n, None]
-        y = x.clone()
-        y[:, :, head] = torch.where(m, values[:, off : off + n, head].to(x.dtype), x[:, :, head])
-        return y
-
-    return hook
-
-
-def resid_columns(b: PairBatch) -> dict[str, torch.Tensor]:
-    """Per column of the (depth, position) map, the (batch, pos) positions it patches."""
-    t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
-    cols = {"label": t == b.label_pos[:, None]}
-    for k in range(BACK):
-        cols[f"answer-{k}"] = t == (b.answer - k)[:, None]
-    cols["all"] = t <= b.answer[:, None]
-    return cols
-
-
-def _start(mask: torch.Tensor) -> int:
-    return int(mask.float().argmax(1).min())
-
-
-def _layer_from(model, depth: int) -> int:
-    """The first block a patch at ``depth`` must re-run (0 where the stack runs whole)."""
-    if not model.skips_layers:
-        return 0
-    return min(depth, model.cfg.n_layers - 1)
 
 
 def patch_batch(
@@ -147,21 +95,8 @@ def patch_batch(
     return len(runs)
 
 
-def count_sites(m, kinds, n_depths: int) -> int:
-    """Sites of one pass: each depth's residual at every column (the label token, the
-    positions before the answer, all), each head, the fed-back state at every column, and
-    each block-0 head's q, k and v path."""
-    cols, L, H = BACK + 2, m.cfg.n_layers, m.n_heads
-    return (
-        n_depths * cols * ("resid" in kinds)
-        + L * H * ("head" in kinds)
-        + cols * ("state" in kinds)
-        + 3 * H * ("path" in kinds)
-    )
-
-
 def check_patch_work(m, bs, pf, kinds, at, at_pass: int, prefill: str, pass_) -> None:
-    """Refuse a sweep past the machine's budget (``fbt_probe.budget``): every patch re-runs
+    """Refuse a sweep past the machine's budget (``fbt_probe.runtime.budget``): every patch re-runs
     the passes from the patched one on, over every batch."""
     sites = count_sites(m, kinds, len(at))
     tokens = sum(int(b.tokens.numel()) for b in bs)
@@ -187,9 +122,9 @@ def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tupl
                 runs.append(
                     (
                         Key("patch_resid", name, col),
-                        _start(mask),
+                        first_patched(mask),
                         [(name, replace_where(mask, acts[name]))],
-                        _layer_from(model, d),
+                        layer_from(model, d),
                     )
                 )
     t = torch.arange(b.tokens.shape[1], device=b.answer.device)[None]
@@ -200,9 +135,9 @@ def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tupl
                 runs.append(
                     (
                         Key("patch_head", name, f"head {h}"),
-                        _start(after),
+                        first_patched(after),
                         [(name, head_hook(h, after, acts[name]))],
-                        _layer_from(model, layer),
+                        layer_from(model, layer),
                     )
                 )
     if "path" in kinds:
@@ -214,7 +149,7 @@ def plan_runs(model, b: PairBatch, kinds, acts, at, runner: Runner) -> list[tupl
                 runs.append(
                     (
                         Key("patch_path", name, f"head {h}"),
-                        _start(after),
+                        first_patched(after),
                         [(name, head_hook(h, after, swapped[name]))],
                         0,
                     )
@@ -234,7 +169,7 @@ def state_swapped_qkv(
         got[hook.name] = x
 
     hooks = [(n, keep) for n in names]
-    start = _start(after)
+    start = first_patched(after)
     if twin_fed is not None:
         hooks.append((STATE_HOOK, replace_where(after, twin_fed)))
     runner(hooks, start, 0)
@@ -262,64 +197,37 @@ def parse_args(prefill: str, kinds: str, pass_: int | None) -> tuple[Prefill, tu
     return pf, chosen, pf.passes - 1 if pass_ is None else pass_ - 1
 
 
-def patch(
-    *,
-    model: str = "default",
-    task: str = "delayed_memory",
-    prefill: str = "recurrent",
-    kinds: str = "resid,head,path",
-    pass_: int | None = None,
-    depths: str | None = None,
-    data: str | Path | None = None,
-    out: str | Path = "results/patch",
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str = "cpu",
-    groups: int | None = None,
-    progress=None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """``fbt-probe patch`` (see the module docstring); every argument is checked first.
-    ``pass_``: the pass patched (1-based; None: the prefill's last); ``groups``: patch only
-    the examples of the first this many groups."""
-
-    (pf, chosen, at_pass), out = parse_args(prefill, kinds, pass_), Path(out)
-    if groups is not None and groups < 1:
-        raise ValueError(f"--groups must be at least 1, got {groups}")
-    one_task(task)
-    check_output_dir(out)
-    m, name = resolve_model(model, resolve_device(device))
+def run(options: PatchOptions, progress=None) -> Result:
+    """``fbt-probe patch`` (see the module docstring), on options checked before any work:
+    the pass patched (``--pass``, counted from 1; default the prefill's last) and, with
+    ``--groups``, only the examples of the first this many groups."""
+    o, (pf, chosen, at_pass) = options, options.parsed
+    m, name = resolve_model(o.model, resolve_device(o.device))
     m.eval()
-    at = pick_depths(depths, len(m.depth_hooks()))
+    at = pick_depths(o.depths, len(m.depth_hooks()))
     if set(chosen) & {"head", "path"} and not m.n_heads:
         raise ValueError(
             f"{name}: its attention layout has no per-head hooks here; patch it with --kinds resid"
         )
     t0 = time.monotonic()
-    pairs = pairs_of(load_or_generate(task, data, m, twins=True))
-    keep = np.flatnonzero(pairs.shift == 0)
-    if not len(keep):
-        raise ValueError(f"{task}: no twin lines up with its example position by position")
-    pairs = pairs.subset(keep)
-    if groups is not None:
-        first = np.unique(pairs.groups)[:groups]
-        pairs = pairs.subset(np.flatnonzero(np.isin(pairs.groups, first)))
-    bs = batches(pairs, batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
-    check_patch_work(m, bs, pf, chosen, at, at_pass, prefill, pass_)
+    pairs = aligned_pairs(load_or_generate(o.task, o.data, m, twins=True), o.groups)
+    bs = batches(pairs, o.batch_size, next(m.parameters()).device, max_tokens=max_batch_tokens(m))
+    check_patch_work(m, bs, pf, chosen, at, at_pass, o.prefill, o.pass_number)
     rec, n_runs = Record(len(pairs)), 0
     with torch.inference_mode():
         for k, b in enumerate(bs):
             n_runs += patch_batch(m, b, pf, chosen, rec, pairs, at, at_pass)
             if progress is not None:
-                progress(k + 1, len(bs), f"{task} {pf.name}, pass {at_pass + 1}: patches")
-    df = summarise(rec, pairs, task, pf.name, seed)
+                progress(k + 1, len(bs), f"{o.task} {pf.name}, pass {at_pass + 1}: patches")
+    df = summarise(rec, pairs, o.task, pf.name, o.seed)
     df.insert(df.columns.get_loc("prefill") + 1, "pass", at_pass + 1)
     meta = {
         "model": name,
-        "task": task,
+        "task": o.task,
         "prefill": pf.name,
         "pass": at_pass + 1,
         "kinds": list(chosen),
-        "groups": groups,
+        "groups": o.groups,
         "n_pairs": len(pairs),
         "n_batches": len(bs),
         "patched_runs": n_runs,
@@ -327,7 +235,7 @@ def patch(
         "seconds": time.monotonic() - t0,
         **reference(rec, pairs),
     }
-    return df, write_patch(df, meta, out)
+    return Result({"patch": df}, write_patch(df, meta, Path(o.out)))
 
 
 def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
@@ -344,9 +252,3 @@ def write_patch(df: pd.DataFrame, meta: dict, out: Path) -> list[str]:
         f"runs) and figures in {out / 'figures'}"
     )
     return lines
-
-
-def run(options, progress=None) -> Result:
-    """The ``patch`` analysis (``probes.patch.PatchOptions``)."""
-    df, lines = patch(**as_kwargs(options, pass_number="pass_"), progress=progress)
-    return Result({"patch": df}, lines)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fbt_probe.util.files import atomic_write, check_output_dir, claim
+from fbt_probe.util.transaction import transaction
 from probes.analysis import ANALYSES, Figure
 from probes.fit.plot import plot_all
 from probes.report.page import write_report_html
-from tasks.safe_files import atomic_write, check_output_dir, claim
-from tasks.transaction import transaction
 
 OUTPUTS = ("report.md", "report.html")
 

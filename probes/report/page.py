@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from probes.analysis import Figure
-from probes.report.html import esc, image_uri, markdown_html, page, write_page
+from probes.common.html import esc, image_uri, markdown_html, page, write_page
 
 
 def write_report_html(

@@ -13,12 +13,12 @@ from pathlib import Path
 from fbt_probe.loading import install_default, resolve_model
 from fbt_probe.train.loop import train
 from fbt_probe.train.recipes import named_config
+from fbt_probe.util.files import check_output_dir
+from fbt_probe.util.transaction import earlier_run, existing_outputs, transaction
 from probes.analysis import ANALYSES, resolve
 from probes.report.markdown import OUTPUTS as REPORTS
 from probes.report.markdown import write_report
 from probes.report.view import view
-from tasks.safe_files import check_output_dir
-from tasks.transaction import earlier_run, existing_outputs, transaction
 
 # reproduce --train keeps the whole job near 20 minutes, about twice what the default's
 # 2 300 steps take on 2 CPU cores (docs/training.md): a machine half as fast still finishes

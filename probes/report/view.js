@@ -3,7 +3,7 @@
   const D = FBT_DATA, app = document.getElementById('app'), ctl = document.getElementById('controls');
   const state = {ex: 0, pass: D.passes > 1 ? 1 : 0, layer: 0, head: 0, query: null, target: null};
   const esc = s => String(s).replace(/[&<>"']/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;'}[c]));
-  // cividis at five stops, as probes/report/html.py colours the report's heatmaps
+  // cividis at five stops, as probes/common/html.py colours the report's heatmaps
   const STOPS = [[0, [0, 32, 77]], [0.25, [65, 77, 107]], [0.5, [124, 123, 120]], [0.75, [188, 175, 111]], [1, [255, 234, 70]]];
   function colour(t) {
     t = Math.max(0, Math.min(1, t || 0));

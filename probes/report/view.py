@@ -25,17 +25,17 @@ import numpy as np
 import torch
 
 from fbt_probe.checkpoint import model_hash
-from fbt_probe.device import resolve_device
-from fbt_probe.heads import pattern_hooks
-from fbt_probe.lens import Translators
+from fbt_probe.kernels.heads import pattern_hooks
+from fbt_probe.kernels.lens import Translators
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import jacobi_passes
+from fbt_probe.runtime.device import resolve_device
+from fbt_probe.util.files import check_output_file, claims
+from fbt_probe.util.lists import comma_numbers
+from probes.common.artifacts import load_probes
 from probes.common.data import load_or_generate, one_task
-from probes.fit.artifacts import load_probes
-from probes.report.html import esc, page, write_page
+from probes.common.html import esc, page, write_page
 from tasks import vocab
-from tasks.lists import comma_numbers
-from tasks.safe_files import check_output_file, claims
 
 MAX_PASSES = 8
 MAX_EXAMPLES = 8
@@ -147,7 +147,7 @@ def _top(model, read, x: torch.Tensor, words) -> list:
 def lens_reads(model, caches, hooks, words, tuned=None) -> list[list[dict]]:
     """Per pass, rows of lens reads over positions: fed_state and fed_value (from pass 2),
     the logit lens at each depth, then the tuned lens at each depth (with ``tuned``, a
-    ``fbt_probe.lens.Translators``)."""
+    ``fbt_probe.kernels.lens.Translators``)."""
     out = []
     for cache in caches:
         rows = []

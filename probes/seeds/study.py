@@ -18,23 +18,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fbt_probe.device import resolve_device
-from fbt_probe.evaluate import evaluate
+from fbt_probe.kernels.evaluate import evaluate
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import PREFILLS
+from fbt_probe.runtime.device import resolve_device
 from fbt_probe.train.loop import train
 from fbt_probe.train.recipes import build_recipe
 from fbt_probe.train.state import saved_train_config, without_sharding
+from fbt_probe.util.files import atomic_write, claim
+from fbt_probe.util.lists import comma_numbers
+from fbt_probe.util.transaction import transaction
 from probes.common.figures import save_figure, subplots
-from probes.fit.results import layer0_table
-from probes.fit.run import run_fit
+from probes.common.probe_results import layer0_table
+from probes.fit.run import fit_protocol
 from tasks import task_names
 from tasks.base import POOLED
 from tasks.dataset import int_range
 from tasks.generate import generate_dataset
-from tasks.lists import comma_numbers
-from tasks.safe_files import atomic_write, claim
-from tasks.transaction import transaction
 
 # what write_study writes
 STUDY_FILES = ("seed_table.*", "seed_rows.json", "seeds.*")
@@ -76,7 +76,7 @@ def seed_row(run: Path, eval_groups: int = 48, probe_groups: int = 128, progress
         if not path.is_file():
             generate_dataset(t, path, n_groups=probe_groups)
         data[t] = path
-    df = run_fit(
+    df = fit_protocol(
         model,
         name,
         tasks,

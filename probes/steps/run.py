@@ -2,7 +2,7 @@
 
 Each prompt of a generated-answer task (``tasks.count_steps``, ``tasks.recall_bits``) is
 decoded greedily in every mode (no teacher forcing), and the residual at every depth of every
-generated step is kept (``fbt_probe.generation.step_residuals``; step 0 is the prompt's last
+generated step is kept (``fbt_probe.kernels.generation.step_residuals``; step 0 is the prompt's last
 position). Per task, mode, step and depth (``steps.csv``):
 
 - ``probe``: a linear probe of the state that step must carry (the task's ``step_states``:
@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fbt_probe.device import resolve_device
-from fbt_probe.generation import step_residuals
+from fbt_probe.kernels.generation import step_residuals
 from fbt_probe.loading import random_init_like, resolve_model
 from fbt_probe.prefill import parse_modes
+from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
+from probes.common.cv import fit_cell, permute_by_group
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
     by_length,
@@ -40,7 +41,6 @@ from probes.common.decoding import (
 )
 from probes.common.tables import write_json, write_table
 from probes.common.work import check_data_work
-from probes.fit.cv import fit_cell, permute_by_group
 from probes.steps.plot import plot_steps
 from tasks import get_task, vocab
 from tasks.base import POOLED

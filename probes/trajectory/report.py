@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from probes.analysis import Figure
+from probes.common.html import heatmap
 from probes.common.tables import findings, read_long_table
-from probes.report.html import heatmap
 from probes.trajectory.run import headline
 
 

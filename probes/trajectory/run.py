@@ -22,23 +22,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.device import resolve_device
+from fbt_probe.kernels.trajectory import distance_to_last, pass_states, pca_2d
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import jacobi_passes
-from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
+from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
-from probes.common.data import load_or_generate, tasks_and_data
+from probes.common.data import load_or_generate
 from probes.common.extract import length_batches, max_batch_tokens
-from probes.common.options import as_kwargs
+from probes.common.prompts import answer_positions, prompts
 from probes.common.tables import write_json, write_table
 from probes.common.work import check_data_work
-from probes.lens.run import answer_positions, prompts
+from probes.trajectory.options import TrajectoryOptions
 from probes.trajectory.plot import plot_trajectory
 from tasks import vocab
 from tasks.base import POOLED
 from tasks.dataset import Dataset
-from tasks.safe_files import check_output_dir
 
 COLUMNS = [
     "task",
@@ -52,7 +50,7 @@ COLUMNS = [
     "ci_high",
     "n",
 ]
-MAX_PASSES, WINDOW = 64, 32  # positions before the read one shown in the convergence map
+WINDOW = 32  # positions before the read one shown in the convergence map
 CLASSES = ("label-bearing", "colon", "distractor", "other")
 
 
@@ -218,37 +216,21 @@ def headline(df: pd.DataFrame, task: str) -> str:
     return line + "."
 
 
-def trajectory(
-    *,
-    model: str = "default",
-    task: str = "all",
-    passes: int = 8,
-    data: str | Path | None = None,
-    out: str | Path = "results/trajectory",
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str = "cpu",
-    progress=None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """``fbt-probe trajectory`` (see the module docstring); every argument is checked first."""
-
-    out = Path(out)
-    if not 2 <= passes <= MAX_PASSES:
-        raise ValueError(f"--passes must be in 2..{MAX_PASSES}, got {passes}")
-    if batch_size < 1:
-        raise ValueError("--batch-size must be at least 1")
-    check_output_dir(out)
-    task_list, data_map = tasks_and_data(task, data)
-    m, name = resolve_model(model, resolve_device(device))
+def run(options: TrajectoryOptions, progress=None) -> Result:
+    """``fbt-probe trajectory`` (see the module docstring), on options checked before any
+    work; its table and the lines it reports."""
+    o, out = options, Path(options.out)
+    task_list, data_map = o.tasks_and_data
+    m, name = resolve_model(o.model, resolve_device(o.device))
     m.eval()
     rows, pcas, var, lines = [], [], {}, []
     datasets = {
-        t: load_or_generate(t, (data_map or {}).get(t), m, twins=data is None) for t in task_list
+        t: load_or_generate(t, (data_map or {}).get(t), m, twins=o.data is None) for t in task_list
     }
-    check_data_work(m, datasets.values(), passes, 1, "--prefill")
+    check_data_work(m, datasets.values(), o.passes, 1, "--prefill")
     for t, ds in datasets.items():
-        got = collect(m, ds, passes, batch_size, progress)
-        rows += summarise(t, ds, got, seed)
+        got = collect(m, ds, o.passes, o.batch_size, progress)
+        rows += summarise(t, ds, got, o.seed)
         p, var[t] = pca_rows(t, ds, got["read"])
         pcas.append(p)
     df, pca = pd.DataFrame(rows, columns=COLUMNS), pd.concat(pcas, ignore_index=True)
@@ -257,7 +239,7 @@ def trajectory(
     write_table(df, out / "trajectory.csv")
     write_table(pca, out / "trajectory_pca.csv")
     write_json(
-        {"model": name, "passes": passes, "seed": seed, "pca_variance": var},
+        {"model": name, "passes": o.passes, "seed": o.seed, "pca_variance": var},
         out / "trajectory.json",
     )
     for t in task_list:
@@ -266,11 +248,4 @@ def trajectory(
     lines.append(
         f"wrote {out / 'trajectory.csv'} ({len(df)} rows), trajectory_pca.csv and figures in {out / 'figures'}"
     )
-    return df, lines
-
-
-def run(options, progress=None) -> Result:
-    """The ``trajectory`` analysis (``probes.trajectory.TrajectoryOptions``)."""
-    passes = jacobi_passes(options.prefill, 2, MAX_PASSES)
-    df, lines = trajectory(**as_kwargs(options, "prefill"), passes=passes, progress=progress)
     return Result({"trajectory": df}, lines)

@@ -1,4 +1,4 @@
-"""Attribution through the feedback loop (``fbt_probe.attribution``): the gradients it reads
+"""Attribution through the feedback loop (``fbt_probe.kernels.attribution``): the gradients it reads
 match finite differences at every kind of site, in an earlier pass and through the steps of the
 recurrence; the estimate is the exact patch where the metric is linear in the site; the
 fed-back state's estimate crosses passes only where there is feedback; an upstream node's
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fbt_probe.attribution import STATE, Site, attribute, gradients, logit_diff
 from fbt_probe.config import build_cfg
 from fbt_probe.hooks import at
+from fbt_probe.kernels.attribution import STATE, Site, attribute, gradients, logit_diff
 from fbt_probe.prefill import parse_prefill
 from fbt_probe.stack import FBTModel, GrowingKVCache
 
@@ -230,7 +230,7 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path, monkeypatch):
     assert sums[(2, "input")] == pytest.approx(float(resid0.sum()), rel=1e-6, abs=1e-9)
     # recomputed in the backward pass (a deep model's way), with the attention kernel the
     # forward chose for the QK fix's pattern: the same numbers
-    import fbt_probe.attribution as attribution
+    import fbt_probe.kernels.attribution as attribution
 
     monkeypatch.setattr(attribution, "RECOMPUTE_ABOVE", 0)
     again = attribute(
@@ -251,7 +251,7 @@ def test_a_hugging_face_models_edges_add_up_too(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("prefill", ["recurrent", "k3"])
 def test_recomputing_the_blocks_in_the_backward_pass_changes_no_estimate(prefill, monkeypatch):
-    import fbt_probe.attribution as attribution
+    import fbt_probe.kernels.attribution as attribution
 
     model = _model(smear_keys=True)
     tokens, twin, answer, cid, tid, label = _batch()

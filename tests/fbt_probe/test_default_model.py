@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from fbt_probe.evaluate import evaluate
+from fbt_probe.kernels.evaluate import evaluate
 from fbt_probe.loading import DEFAULT_MODEL_DIR, resolve_model
 from fbt_probe.train.config import TrainConfig
 from fbt_probe.train.recipes import named_config
+from probes.common.cv import cross_validate, grouped_splits
 from probes.common.extract import extract_features
-from probes.fit.cv import cross_validate, grouped_splits
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 

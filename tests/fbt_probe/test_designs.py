@@ -11,7 +11,7 @@ import torch
 
 from fbt_probe.checkpoint import model_hash
 from fbt_probe.config import TOP, build_cfg
-from fbt_probe.decode import generate
+from fbt_probe.decode import generate_tokens
 from fbt_probe.recurrence import run_recurrence
 from fbt_probe.stack import FBTModel
 
@@ -102,7 +102,7 @@ def test_decoding_continues_the_recurrence_of_a_design():
     m = model_of(feedback_source=2, feedback_target=1)
     x = tokens(2)
     with torch.no_grad():
-        new, states = generate(m, x[:, :6], "full", max_new_tokens=4, return_states=True)
+        new, states = generate_tokens(m, x[:, :6], "full", max_new_tokens=4, return_states=True)
         whole = run_recurrence(m, torch.cat([x[:, :6], new[:, :3]], dim=1))
     torch.testing.assert_close(states[:, :3], whole.states[:, 5:8], atol=1e-5, rtol=0)
 
@@ -173,7 +173,7 @@ STATE_KINDS = ("interchange_state", "zero_state", "mean_state", "resample_state"
 
 @pytest.mark.parametrize("target", [0, 1, 3])
 def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, target):
-    from probes.intervene.metrics import summarise
+    from probes.common.metrics import summarise
     from probes.intervene.run import run_battery
     from tasks.dataset import load
     from tasks.generate import generate_dataset
@@ -199,7 +199,7 @@ def test_the_battery_without_fusion_moves_nothing_through_the_state(tmp_path, ta
 
 
 def test_the_battery_runs_on_a_design_that_feeds_a_middle_block(tmp_path):
-    from probes.intervene.metrics import summarise
+    from probes.common.metrics import summarise
     from probes.intervene.run import run_battery
     from tasks.dataset import load
     from tasks.generate import generate_dataset
@@ -256,7 +256,7 @@ def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
 
     from cli import app
     from fbt_probe.checkpoint import save_model
-    from probes.fit.results import layer0_table
+    from probes.common.probe_results import layer0_table
     from probes.report.markdown import write_report
     from tasks.generate import generate_dataset
 
@@ -300,7 +300,7 @@ def test_fit_reads_the_probe_at_the_designs_entry_depth(tmp_path):
 
 
 def test_stability_of_a_model_without_feedback_is_a_constant_map():
-    from fbt_probe.stability import heldout_batch, jacobi_trajectory
+    from fbt_probe.kernels.stability import heldout_batch, jacobi_trajectory
 
     m = FBTModel(build_cfg(n_layers=2, n_ctx=320, fusion="none"), seed=0).eval()
     batch = heldout_batch(("delayed_memory",), 4)

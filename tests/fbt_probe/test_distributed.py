@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fbt_probe.distributed import spawn_local
+from fbt_probe.train.distributed import spawn_local
 from fbt_probe.train.loop import train
 from fbt_probe.train.recipes import load_recipe
 

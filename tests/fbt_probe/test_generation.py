@@ -1,4 +1,4 @@
-"""Hooks while generating and the closed-loop battery (``fbt_probe.generation``), against
+"""Hooks while generating and the closed-loop battery (``fbt_probe.kernels.generation``), against
 plain decoding and a from-scratch recomputation, in every decoding mode."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fbt_probe.config import build_cfg
-from fbt_probe.decode import decode, generate
-from fbt_probe.generation import KINDS, closed_loop, step_residuals
+from fbt_probe.decode import decode, generate_tokens
 from fbt_probe.hooks import at
+from fbt_probe.kernels.generation import KINDS, closed_loop, step_residuals
 from fbt_probe.prefill import MODES
 from fbt_probe.stack import FBTModel
 
@@ -37,14 +37,14 @@ def noise(x, hook):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_decoding_with_no_intervention_equals_generate(model, prompts, mode):
     p, q = prompts
-    ref = generate(model, p, mode, STEPS)
+    ref = generate_tokens(model, p, mode, STEPS)
     seen = []
     read_only = at(lambda x, hook: seen.append(hook.ctx["decode_step"]), decode_steps=[2, 4])
     hooked = decode(model, p, mode, STEPS, fwd_hooks=[("blocks.0.hook_resid_pre", read_only)])
     assert torch.equal(hooked.tokens, ref) and seen == [2, 4]
     r = closed_loop(model, p, q, mode, STEPS)
     assert torch.equal(r.clean.tokens, ref)
-    assert torch.equal(r.twin.tokens, generate(model, q, mode, STEPS))
+    assert torch.equal(r.twin.tokens, generate_tokens(model, q, mode, STEPS))
 
 
 @pytest.mark.parametrize("mode", ["soft", "fused", "full"])
@@ -122,7 +122,7 @@ def test_step_residuals_read_the_generated_tokens(model, prompts):
     p, _ = prompts
     for mode in MODES:
         d, res = step_residuals(model, p, mode, STEPS)
-        assert torch.equal(d.tokens, generate(model, p, mode, STEPS))
+        assert torch.equal(d.tokens, generate_tokens(model, p, mode, STEPS))
         top = res[model.depth_hooks()[-1]]  # (batch, steps, d_model)
         assert torch.equal(model.read_resid(top).argmax(-1), d.tokens)
 
@@ -144,5 +144,5 @@ def test_the_battery_on_a_hugging_face_model(tiny_llama):
     p = torch.randint(5, 60, (3, 8), generator=torch.Generator().manual_seed(1))
     for mode in ("soft", "fused"):
         r = closed_loop(m, p, p.clone(), mode, 4)
-        assert torch.equal(r.clean.tokens, generate(m, p, mode, 4))
+        assert torch.equal(r.clean.tokens, generate_tokens(m, p, mode, 4))
         assert all(torch.equal(v, r.clean.tokens) for v in r.tokens.values())

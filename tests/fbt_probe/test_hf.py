@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fbt_probe.decode import generate
+from fbt_probe.decode import generate_tokens
 from fbt_probe.hf import FUSION_CONFIG, FUSION_WEIGHTS, HFFeedbackModel, load_hf, save_hf
 from fbt_probe.hf.tiny import VOCAB, tiny_hf
 from fbt_probe.loading import resolve_model
@@ -83,7 +83,7 @@ def _fuse(model: HFFeedbackModel, h_prev, e):
 @pytest.mark.parametrize("mode", ["standard", "soft", "fused", "full"])
 def test_kv_cached_decoding_equals_recomputation(model, mode):
     prompt = toks(T=6, seed=3)
-    new, states = generate(model, prompt, mode=mode, max_new_tokens=4, return_states=True)
+    new, states = generate_tokens(model, prompt, mode=mode, max_new_tokens=4, return_states=True)
     seq = torch.cat([prompt, new], dim=1)
     T = prompt.shape[1]
     e = model.hf.get_input_embeddings()(seq)
@@ -174,7 +174,7 @@ def _every(tokens):
 
 @pytest.mark.parametrize("passes", [2, None])
 def test_a_self_patch_changes_nothing_and_each_run_restores_the_cache(model, passes):
-    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.kernels.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     t = toks(B=3, T=11)
     c = clean_run(model, t, Prefill(passes))
@@ -190,7 +190,7 @@ def test_a_self_patch_changes_nothing_and_each_run_restores_the_cache(model, pas
 
 @pytest.mark.parametrize("passes", [2, None])
 def test_interchanging_every_state_and_token_gives_the_other_run(model, passes):
-    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.kernels.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     a, b = toks(B=2, T=10, seed=2), toks(B=2, T=10, seed=3)
     c = clean_run(model, a, Prefill(passes))
@@ -200,7 +200,7 @@ def test_interchanging_every_state_and_token_gives_the_other_run(model, passes):
 
 
 def test_a_recurrence_patch_resumed_from_t_equals_the_whole_patched_recurrence(model):
-    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.kernels.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     a, t = toks(B=2, T=12, seed=4), 7
     mask = torch.zeros_like(a, dtype=torch.bool)
@@ -218,7 +218,7 @@ def test_a_hugging_face_run_from_depth_d_equals_the_whole_stacks_run(model, pass
     """Where position enters inside the layers (rotary), a patched run starts at decoder layer
     d with the model's own rotary embeddings and masks; GPT-2 adds position embeddings to its
     input and runs whole."""
-    from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+    from fbt_probe.kernels.patching import STATE_HOOK, clean_run, patched_run, replace_where
 
     t = toks(B=3, T=11)
     c = clean_run(model, t, Prefill(passes))

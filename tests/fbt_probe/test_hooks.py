@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fbt_probe.config import build_cfg
-from fbt_probe.decode import generate
+from fbt_probe.decode import generate_tokens
 from fbt_probe.hooks import at
+from fbt_probe.kernels.stability import heldout_batch, jacobi_trajectory
 from fbt_probe.recurrence import run_recurrence
-from fbt_probe.stability import heldout_batch, jacobi_trajectory
 from fbt_probe.stack import FBTModel
 
 
@@ -103,7 +103,7 @@ def test_recurrence_and_decoding_report_their_steps(model):
     assert ctx == [(None, t, t, 1) for t in range(6)]
     ctx.clear()
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", record)]):
-        generate(model, x, mode="fused", max_new_tokens=3)
+        generate_tokens(model, x, mode="fused", max_new_tokens=3)
     assert ctx == [(1, None, 0, 6), (2, None, 0, 6), (None, 6, 6, 1), (None, 7, 7, 1)]
     # a patch restricted to one recurrence step changes that step and later ones only
     clean = run_recurrence(model, x)

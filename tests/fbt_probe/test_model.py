@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fbt_probe.checkpoint import load_model, save_model
 from fbt_probe.config import FBTConfig, build_cfg
-from fbt_probe.decode import generate
+from fbt_probe.decode import generate_tokens
 from fbt_probe.recurrence import run_recurrence, run_recurrence_with_cache
 from fbt_probe.stack import FBTModel
 
@@ -311,7 +311,7 @@ def test_right_padded_batch_equals_unbatched(model):
 @pytest.mark.parametrize("mode", ["standard", "soft", "fused", "full"])
 def test_kv_cached_decoding_equals_recomputation(model, mode):
     prompt = toks(B=2, T=6)
-    new, states = generate(model, prompt, mode=mode, max_new_tokens=5, return_states=True)
+    new, states = generate_tokens(model, prompt, mode=mode, max_new_tokens=5, return_states=True)
     seq = torch.cat([prompt, new], dim=1)
     T = prompt.shape[1]
     e = reference_embed(model, seq)
@@ -346,7 +346,7 @@ def test_kv_cached_decoding_equals_recomputation(model, mode):
 @torch.no_grad()
 def test_soft_equals_recurrence_with_prompt_as_prefix(model):
     prompt = toks(B=2, T=5)
-    new, states = generate(model, prompt, mode="soft", max_new_tokens=4, return_states=True)
+    new, states = generate_tokens(model, prompt, mode="soft", max_new_tokens=4, return_states=True)
     rec = run_recurrence(model, torch.cat([prompt, new], 1), prefix_len=5).states
     torch.testing.assert_close(states, rec[:, 4:8], **TOL)
 

@@ -15,15 +15,16 @@ import fbt_probe.train.objective as O
 import fbt_probe.train.state as T
 import fbt_probe.train.steps as S
 from cli import app
+from fbt_probe.batch import make_batch
 from fbt_probe.checkpoint import load_model
-from fbt_probe.device import resolve_device
-from fbt_probe.evaluate import evaluate
+from fbt_probe.kernels.evaluate import evaluate
+from fbt_probe.runtime.device import resolve_device
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.config import TrainConfig
 from fbt_probe.train.loop import train
 from fbt_probe.train.objective import multipass_loss
 from fbt_probe.train.recipes import named_config
-from fbt_probe.train.steps import lr_at, make_batch, plan_of
+from fbt_probe.train.steps import lr_at, plan_of
 from tasks import get_task
 
 TASKS3 = {"delayed_memory": 1.0, "done_tracking": 1.0, "multi_register": 1.0}
@@ -359,7 +360,7 @@ def test_train_cli_tiny_and_eval_json(tmp_path):
     row = res["delayed_memory"]["standard"]
     assert "1-256" in row and "256" in row and all(0.0 <= v <= 1.0 for v in row.values())
     # --seed draws another held-out sample: the CLI's numbers are evaluate()'s on that seed
-    from fbt_probe.evaluate import heldout_examples
+    from fbt_probe.kernels.evaluate import heldout_examples
 
     assert [e.prompt for e in heldout_examples("multi_register", 5, seed=7)] != [
         e.prompt for e in heldout_examples("multi_register", 5)
@@ -421,7 +422,7 @@ def test_eval_matches_teacher_forced_pass_logits():
     summary, _ = evaluate(
         model, ("delayed_memory",), ("standard", "fused"), n_groups=6, distractors=(2, 5)
     )
-    from fbt_probe.evaluate import heldout_examples
+    from fbt_probe.kernels.evaluate import heldout_examples
 
     exs = heldout_examples("delayed_memory", 6, (2, 5))
     for mode, passes in (("standard", 1), ("fused", 2)):
@@ -585,7 +586,7 @@ def test_length_buckets_partition_the_rows_and_cut_the_padding():
 
 
 def _step_grads(cfg, draw):
-    from fbt_probe.distributed import World
+    from fbt_probe.train.distributed import World
 
     model = FBTModel(cfg.model, seed=0).train()
     loss, stats, tokens = O.train_step(model, model, draw, cfg, World(), torch.device("cpu"))

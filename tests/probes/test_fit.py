@@ -14,9 +14,9 @@ from fbt_probe.checkpoint import save_model
 from fbt_probe.config import FBTConfig
 from fbt_probe.stack import FBTModel
 from probes.common.bootstrap import bootstrap_ci
+from probes.common.cv import cross_validate, grouped_splits, make_probe, permute_by_group
 from probes.common.extract import extract_cached, extract_features
-from probes.fit.cv import cross_validate, grouped_splits, make_probe, permute_by_group
-from probes.fit.results import layer0_table, load_results
+from probes.common.probe_results import layer0_table, load_results
 from tasks.dataset import load
 from tasks.generate import generate_dataset
 
@@ -198,7 +198,7 @@ def test_fit_bad_input(tiny_setup, tmp_path, args, msg):
 
 # ---- probe types, sites and saved probes ---------------------------------------------------
 def test_logistic_probe_is_the_sklearn_pipeline_and_a_registered_probe_plugs_in():
-    from probes.fit.probe import PROBES, LogisticProbe, register_probe
+    from probes.common.probe import PROBES, LogisticProbe, register_probe
 
     X, y, g = toy()
     ref = make_probe(0.1).fit(X, y)
@@ -234,7 +234,7 @@ def test_logistic_probe_is_the_sklearn_pipeline_and_a_registered_probe_plugs_in(
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setup, tmp_path):
-    from probes.fit.artifacts import find, load_probes
+    from probes.common.artifacts import find, load_probes
 
     root, model = tiny_setup
     out = tmp_path / "res"
@@ -260,7 +260,7 @@ def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setu
         )
         X = feats[keep, p.meta["depth"]]
         # refit in memory exactly as the fit did: the saved one predicts the same labels
-        from probes.fit.probe import MLPProbe
+        from probes.common.probe import MLPProbe
 
         again = MLPProbe(p.meta["reg"]).fit(X, y)
         assert np.array_equal(p.predict(X), again.predict(X))
@@ -271,7 +271,7 @@ def test_fit_with_the_mlp_probe_and_saved_probes_predict_as_in_the_fit(tiny_setu
     )
     assert r.exit_code == 0, r.output
     p0 = find(load_probes(tmp_path / "lin"), depth=0, prefill="recurrent")
-    from probes.fit.probe import LogisticProbe
+    from probes.common.probe import LogisticProbe
 
     ref = LogisticProbe(p0.meta["reg"]).fit(feats[keep, 0], y)
     assert np.array_equal(p0.predict(feats[keep, 0]), ref.predict(feats[keep, 0]))

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.heads import head_reads, induction_scores, repeated_tokens
+from fbt_probe.kernels.heads import head_reads, induction_scores, repeated_tokens
 from fbt_probe.loading import resolve_model
 from probes.common.bootstrap import GroupBootstrap
 from tasks.generate import generate_dataset
@@ -192,7 +192,7 @@ def hf_dm(tmp_path_factory):
 @torch.inference_mode()
 def test_every_heads_patch_together_is_the_output_projections_input_on_hugging_face(hf_dm):
     from fbt_probe.hf import load_hf
-    from fbt_probe.patching import clean_run, patched_output
+    from fbt_probe.kernels.patching import clean_run, patched_output
     from fbt_probe.prefill import parse_prefill
     from probes.common.twins import answer_logits, batches, pairs_of
     from probes.patch.run import head_hook, twin_acts

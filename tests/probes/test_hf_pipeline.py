@@ -207,7 +207,7 @@ def _multipass_loss(folder, passes=2):
     import torch
 
     from fbt_probe.hf import load_hf
-    from fbt_probe.stability import heldout_batch
+    from fbt_probe.kernels.stability import heldout_batch
     from fbt_probe.train.objective import multipass_loss
     from fbt_probe.train.recipes import named_config
 
@@ -215,7 +215,7 @@ def _multipass_loss(folder, passes=2):
     b = heldout_batch(
         ("delayed_memory", "done_tracking"), n_groups=4, distractors=(1, 4, 16), encoding=m.encoding
     )
-    from fbt_probe.train.steps import TrainBatch
+    from fbt_probe.batch import TrainBatch
 
     batch = TrainBatch(b.tokens, b.targets, b.answer, b.valid.sum(1), b.valid.sum(1), [])
     with torch.no_grad():
@@ -311,8 +311,8 @@ def test_twins_through_a_bpe_tokenizer_differ_in_one_prompt_token(llama_bpe, tmp
 
 def test_without_fusion_a_hugging_face_models_state_interventions_do_nothing(llama, tmp_path):
     from fbt_probe.hf import load_hf
-    from fbt_probe.patching import STATE_HOOK
-    from probes.intervene.metrics import Key
+    from fbt_probe.kernels.patching import STATE_HOOK
+    from probes.common.metrics import Key
     from probes.intervene.registry import REGISTRY
     from probes.intervene.run import run_battery
     from tasks.generate import generate_dataset
@@ -484,7 +484,7 @@ def test_a_label_word_of_another_length_makes_a_shifted_twin(llama_split, tmp_pa
 
 def test_shifted_twins_are_intervened_on_under_standard_prefill_only(llama_split, tmp_path):
     from fbt_probe.hf import load_hf
-    from probes.intervene.metrics import TWIN, Key
+    from probes.common.metrics import TWIN, Key
     from probes.intervene.run import run_battery
     from tasks.generate import generate_dataset
 

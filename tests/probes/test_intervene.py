@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from fbt_probe.config import FBTConfig
-from fbt_probe.patching import STATE_HOOK, clean_run, patched_run, replace_where
+from fbt_probe.kernels.patching import STATE_HOOK, clean_run, patched_run, replace_where
 from fbt_probe.prefill import Prefill
 from fbt_probe.recurrence import run_recurrence
 from fbt_probe.stack import FBTModel
+from probes.common.metrics import COLUMNS, Key, summarise
 from probes.common.twins import batches, pairs_of, window_mask
 from probes.intervene.erasers import fit_leace
-from probes.intervene.metrics import COLUMNS, Key, summarise
 from probes.intervene.plot import depth_of
 from probes.intervene.registry import REGISTRY
 from probes.intervene.run import run_battery
@@ -201,7 +201,7 @@ def test_without_fusion_every_state_intervention_has_exactly_no_effect(tmp_path,
 
 
 def test_leace_leaves_the_probe_at_chance_on_held_out_features():
-    from probes.fit.probe import LogisticProbe
+    from probes.common.probe import LogisticProbe
     from probes.intervene.erasers import erase
 
     rng = np.random.default_rng(0)
@@ -407,9 +407,9 @@ def test_leace_erases_the_default_models_layer0_state(tmp_path):
     # decodable (probe ~1.0); after LEACE fitted on the training folds a fresh probe trained
     # and tested on erased features is at chance
     from fbt_probe.loading import resolve_model
+    from probes.common.cv import grouped_splits
     from probes.common.extract import extract_features
-    from probes.fit.cv import grouped_splits
-    from probes.fit.probe import LogisticProbe
+    from probes.common.probe import LogisticProbe
     from probes.intervene.erasers import erase
 
     model, _ = resolve_model("default")
@@ -451,10 +451,10 @@ def test_a_run_from_a_depth_equals_the_whole_pass(tmp_path, passes):
 
 def test_steering_uses_a_fits_saved_probes(tmp_path):
     from fbt_probe.loading import resolve_model
-    from probes.fit.artifacts import find, load_probes
-    from probes.fit.run import run_fit
+    from probes.common.artifacts import find, load_probes
+    from probes.fit.run import fit_protocol
     from probes.intervene.erasers import class_vectors
-    from probes.intervene.run import run_intervene
+    from probes.intervene.run import intervene_battery
 
     model, name = resolve_model("default")
     data = generate_dataset(
@@ -465,7 +465,7 @@ def test_steering_uses_a_fits_saved_probes(tmp_path):
         seed=2,
         twins=True,
     )
-    run_fit(
+    fit_protocol(
         model,
         name,
         ("delayed_memory",),
@@ -476,7 +476,7 @@ def test_steering_uses_a_fits_saved_probes(tmp_path):
         per_count=False,
         cache_dir=tmp_path / "c",
     )
-    df = run_intervene(
+    df = intervene_battery(
         model,
         name,
         [("delayed_memory", "recurrent")],

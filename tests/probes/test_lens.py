@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.lens import RidgeStats, Translators, lens_batch
+from fbt_probe.kernels.lens import RidgeStats, Translators, lens_batch
 from probes.lens.run import COLUMNS
 from tasks.generate import generate_dataset
 

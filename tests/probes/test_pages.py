@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
+from probes.common.html import colour, markdown_html
 from probes.fit.plot import plot_all
-from probes.report.html import colour, markdown_html
 from probes.report.markdown import write_report
 from tasks import vocab
 
@@ -76,8 +76,8 @@ def test_report_html_is_offline_and_its_heatmaps_hold_the_tables_numbers(results
 
 
 def test_view_page_shows_what_the_probes_lens_and_attention_say(fitted):
+    from probes.common.artifacts import find, load_probes
     from probes.common.extract import extract_features
-    from probes.fit.artifacts import find, load_probes
     from probes.report.view import view
     from tasks.dataset import load
 
@@ -163,7 +163,7 @@ def test_report_command_writes_both_pages(results):  # noqa: F811
 
 
 def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers():
-    from fbt_probe.patching import STATE_HOOK
+    from fbt_probe.kernels.patching import STATE_HOOK
     from probes.intervene.report import depth, interchange
     from probes.lens.report import lens
     from probes.trajectory.report import trajectory
@@ -268,7 +268,7 @@ def test_the_interventions_lens_and_trajectory_heatmaps_carry_their_rows_numbers
 
 def test_view_reads_through_a_tuned_lens_and_refuses_one_of_another_model(fitted, tmp_path):
     from fbt_probe.checkpoint import model_hash
-    from fbt_probe.lens import Translators
+    from fbt_probe.kernels.lens import Translators
     from probes.report.view import view
 
     model, tmp, data = fitted

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import parse_prefill
+from probes.common.metrics import CLEAN, TWIN, Record, summarise
 from probes.common.twins import answer_logits, batches, pairs_of
-from probes.intervene.metrics import CLEAN, TWIN, Record, summarise
 from probes.patch.run import head_hook, patch_batch, twin_acts
 from tasks.dataset import load
 from tasks.generate import generate_dataset
@@ -58,7 +58,7 @@ def test_the_whole_residual_at_depth_0_gives_the_twins_answer(dm, prefill):
 
 @torch.inference_mode()
 def test_every_heads_patch_together_is_the_attention_outputs(dm):
-    from fbt_probe.patching import clean_run, patched_output, replace_where
+    from fbt_probe.kernels.patching import clean_run, patched_output, replace_where
 
     model = resolve_model("default")[0].eval()
     pf = parse_prefill("recurrent")
@@ -180,7 +180,7 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
     out, caches = model.run_with_pass_caches(
         b.twin_tokens, passes=2, names_filter="blocks.0.hook_resid_pre"
     )
-    from fbt_probe.patching import clean_run, replace_where
+    from fbt_probe.kernels.patching import clean_run, replace_where
 
     b.clean = clean_run(model, b.tokens, pf)
     every = torch.ones_like(b.tokens, dtype=torch.bool)
@@ -199,7 +199,7 @@ def test_patching_pass_1_feeds_the_twins_states_into_pass_2(dm):
 
 @torch.inference_mode()
 def test_the_last_pass_reuses_the_clean_run_and_equals_running_every_pass_again(dm):
-    from fbt_probe.patching import clean_run
+    from fbt_probe.kernels.patching import clean_run
     from probes.patch.run import Runner
 
     model = resolve_model("default")[0].eval()

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from probes.common.probe_results import layer0_table
 from probes.fit.plot import plot_all
-from probes.fit.results import layer0_table
 from probes.report.markdown import write_report
 
 
@@ -85,9 +85,9 @@ def test_plot_cli_errors_without_results(tmp_path):
 
 def _interventions(flip_state: float, flip_token: float, clean_acc: float = 1.0) -> pd.DataFrame:
     """A hand-made interventions table: delayed_memory under recurrent prefill, 3 depths."""
-    from fbt_probe.patching import STATE_HOOK
+    from fbt_probe.kernels.patching import STATE_HOOK
+    from probes.common.metrics import COLUMNS as IV_COLUMNS
     from probes.common.twins import WINDOWS
-    from probes.intervene.metrics import COLUMNS as IV_COLUMNS
     from probes.intervene.registry import ALPHAS, TOKEN_SITE
 
     rng = np.random.default_rng(1)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
-from fbt_probe.stability import HeldoutBatch, jacobi_trajectory, long_soft_decoding, verdict
+from fbt_probe.kernels.stability import HeldoutBatch, jacobi_trajectory, long_soft_decoding, verdict
 from fbt_probe.stack import FBTModel
 
 
@@ -103,7 +103,7 @@ def test_stability_cli(tmp_path):
 
 def test_lipschitz_of_a_known_linear_map(monkeypatch):
     # the pass maps states through a fixed matrix: the estimate is its largest singular value
-    import fbt_probe.stability as st
+    import fbt_probe.kernels.stability as st
 
     a = torch.tensor([[3.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     monkeypatch.setattr(st, "_feedback_step", lambda m, s, e, p: SimpleNamespace(states=s @ a.T))
@@ -115,7 +115,7 @@ def test_lipschitz_of_a_known_linear_map(monkeypatch):
 def test_lipschitz_is_finite_where_differences_and_autograd_disagree(monkeypatch):
     # differences see -x, autograd sees +x: v·JᵀJv is negative, and its square root was a
     # "math domain error" on a real model (SmolLM2 with a random fusion, pass 2)
-    import fbt_probe.stability as st
+    import fbt_probe.kernels.stability as st
 
     monkeypatch.setattr(
         st, "_feedback_step", lambda m, s, e, p: SimpleNamespace(states=s - 2 * s.detach())
@@ -127,7 +127,7 @@ def test_lipschitz_is_finite_where_differences_and_autograd_disagree(monkeypatch
 
 def test_passes_in_chunks_of_sequences_give_the_same_trajectory(monkeypatch):
     # the logits are held a chunk of sequences at a time: one sequence a chunk changes nothing
-    import fbt_probe.stability as st
+    import fbt_probe.kernels.stability as st
 
     m, b = model_with_wu_scale(1.0), batch(B=5, T=24)
     whole = jacobi_trajectory(m, b, passes=4, lipschitz_at=(3,))

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from fbt_probe.generation import step_residuals
+from fbt_probe.kernels.generation import step_residuals
 from fbt_probe.loading import resolve_model
 from probes import run_steps
 from probes.report.markdown import write_report

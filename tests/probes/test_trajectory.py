@@ -12,8 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
+from fbt_probe.kernels.trajectory import distance_to_last, pass_states, pca_2d
 from fbt_probe.loading import resolve_model
-from fbt_probe.trajectory import distance_to_last, pass_states, pca_2d
 from probes.trajectory.run import CLASSES, COLUMNS
 from tasks.generate import generate_dataset
 

@@ -1,4 +1,4 @@
-"""One output transaction per command (``tasks.transaction``): every analysis's
+"""One output transaction per command (``fbt_probe.util.transaction``): every analysis's
 verb, ``report`` and ``view`` write all their outputs at once or not at all; an earlier run's
 outputs are replaced only with ``--force`` (stale ones included); one writer at a time; a
 failed write or a signal leaves the destination as it was and nothing new on disk."""
@@ -21,9 +21,9 @@ from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
 from fbt_probe.stack import FBTModel
+from fbt_probe.util.transaction import existing_outputs, transaction
 from probes import ANALYSES
 from tasks.generate import generate_dataset
-from tasks.transaction import existing_outputs, transaction
 from tests.test_hardening import hold, one_line_error, snapshot
 
 # every registered analysis: a run of a few seconds on a tiny model

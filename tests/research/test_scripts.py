@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fbt_probe.decode import generate_ragged
-from fbt_probe.evaluate import evaluate, heldout_examples
+from fbt_probe.kernels.evaluate import evaluate, heldout_examples
 from fbt_probe.loading import DEFAULT_MODEL_DIR, resolve_model
 from fbt_probe.stack import FBTModel
 from fbt_probe.train.recipes import named_config
@@ -227,7 +227,7 @@ def test_init_mix_tokens_take_only_those_rows_of_the_embedding(tmp_path, capsys)
 )
 @pytest.mark.slow
 def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path, capsys):
-    from probes.fit.run import run_fit
+    from probes.fit.run import fit_protocol
     from tasks.dataset import load
     from tasks.generate import generate_dataset
 
@@ -237,7 +237,7 @@ def test_probe_errors_is_fits_layer0_cell_with_each_prompts_k_s_and_gap(tmp_path
     ds = load(path)
     model, name = resolve_model("default")
     r = pe.probe_errors(model, ds)
-    df = run_fit(
+    df = fit_protocol(
         model,
         name,
         ("done_tracking",),

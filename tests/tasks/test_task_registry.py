@@ -16,7 +16,7 @@ from cli import app
 from fbt_probe.checkpoint import load_model, save_model
 from fbt_probe.config import build_cfg
 from fbt_probe.stack import FBTModel
-from probes.fit.results import load_results
+from probes.common.probe_results import load_results
 from tasks import vocab
 from tasks.base import (
     STREAM_PROBE,

@@ -151,7 +151,7 @@ def describe(
     model built on the meta device: nothing allocated, nothing trained)."""
     cfg = build_recipe(config=config, overrides=overrides, init_from=init_from)
     if cost:
-        from fbt_probe.costs import dry_run
+        from fbt_probe.train.costs import dry_run
 
         return dry_run(cfg, world_size)
 

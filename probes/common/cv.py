@@ -19,7 +19,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from probes.common.bootstrap import bootstrap_ci
-from probes.fit.probe import LogisticProbe, probe_class
+from probes.common.probe import LogisticProbe, probe_class
 
 CS = LogisticProbe.grid
 N_FOLDS = 5
@@ -28,7 +28,7 @@ INNER_FOLDS = 2
 
 def make_probe(C: float) -> Pipeline:
     """The default probe as one sklearn pipeline: standardise, then (multinomial) logistic
-    regression; ``probes.fit.probe.LogisticProbe`` fits exactly this (tests compare the two)."""
+    regression; ``probes.common.probe.LogisticProbe`` fits exactly this (tests compare the two)."""
     return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=200, tol=1e-3))
 
 

@@ -25,8 +25,8 @@ from joblib import Parallel, delayed
 from safetensors.numpy import save_file
 from sklearn.exceptions import ConvergenceWarning
 
-from probes.fit.probe import probe_class
-from tasks.safe_files import atomic_write, read_json, read_tensors
+from fbt_probe.util.files import atomic_write, read_json, read_tensors
+from probes.common.probe import probe_class
 
 WEIGHTS, INDEX = "probes.safetensors", "probes.json"
 

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fbt_probe.decode import generate
-from fbt_probe.evaluate import heldout_examples
+from fbt_probe.batch import make_batch
+from fbt_probe.decode import generate_tokens
 from fbt_probe.feedback import FeedbackModel, check_context
 from fbt_probe.hf import HFFeedbackModel, copy_hf
+from fbt_probe.kernels.evaluate import heldout_examples
 from fbt_probe.stack import FBTModel
-from fbt_probe.train.steps import make_batch
 
 
 @dataclass
@@ -223,7 +223,7 @@ def long_soft_decoding(
 ) -> list[dict]:
     """Generate ``n_tokens`` in SOFT mode (sampled); per step the norm of h and its change."""
     check_context(prompt.shape[1] + n_tokens - 1, model.cfg.n_ctx)
-    toks, states = generate(
+    toks, states = generate_tokens(
         model,
         prompt,
         mode="soft",

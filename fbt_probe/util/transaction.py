@@ -11,7 +11,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from tasks.safe_files import _temp_names, check_output_dir, claim, without_umask
+from fbt_probe.util.files import check_output_dir, claim, temp_names, without_umask
 
 
 def existing_outputs(out: Path, outputs: tuple[str, ...]) -> list[Path]:
@@ -89,8 +89,8 @@ def transaction(out: Path, outputs: tuple[str, ...], force: bool = False, flag: 
         named = out if out.name not in ("", "..") else Path(os.path.abspath(out))
         holder = None
         try:
-            for name in _temp_names(named):
-                holder = Path(name)  # bound before the folder exists: see _temp_names
+            for name in temp_names(named):
+                holder = Path(name)  # bound before the folder exists: see temp_names
                 try:
                     os.mkdir(holder, 0o700)
                     break

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from fbt_probe.feedback import FeedbackModel
-from tasks.safe_files import atomic_write, read_json, read_tensors
+from fbt_probe.util.files import atomic_write, read_json, read_tensors
 
 RIDGE = 1e-3  # relative to the mean diagonal of X^T X: keeps a near-singular depth solvable
 TRANSLATORS, INDEX = "translators.safetensors", "tuned_lens.json"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from dataclasses import fields
 
 import typer
@@ -105,32 +104,13 @@ def user_errors(fn):
 def bars(label: str, total: int, delay: float = 1.0):
     """A progress bar on stderr once the work takes ``delay`` seconds (the library's ``bars``
     argument); long jobs show theirs at once (``eager``)."""
-    from fbt_probe.progress import lazy_progress
+    from fbt_probe.runtime.progress import lazy_progress
 
     return lazy_progress(label, total, delay=delay)
 
 
 def eager(label: str, total: int):
     return bars(label, total, delay=0.0)
-
-
-def help_list(name: str) -> str:
-    """What a help text's ``{tasks}``, ``{recipes}``, ``{interventions}`` or ``{analyses}``
-    names: what is registered now, read only when that help is shown."""
-    from probes import ANALYSES
-    from tasks import TASK_NAMES, TASKS, task_names
-
-    if name == "recipes":
-        from fbt_probe.train.recipes import recipe_names
-
-        return ", ".join(recipe_names())
-    if name == "interventions":  # the registry imports torch: only where a help names it
-        from probes import INTERVENTIONS
-
-        return ", ".join(INTERVENTIONS)
-    if name == "tasks":  # the built-in tasks' names need not import them (and numpy)
-        return ", ".join(task_names() if TASKS.loaded else TASK_NAMES)
-    return ", ".join(ANALYSES)
 
 
 class Command(typer.core.TyperCommand):
@@ -140,24 +120,13 @@ class Command(typer.core.TyperCommand):
     options = None  # an analysis's options dataclass
 
     def format_help(self, ctx, formatter):
-        if self.options is not None:
-            from probes.common.options import option_help
+        from probes.analysis import option_helps, with_lists
 
-            docs = option_help(self.options)
-            bounds = {f.name: f.metadata.get("click", {}) for f in fields(self.options)}
-            for p in self.params:
-                p.help = docs.get(p.name, p.help)
-                said = [
-                    f"{w} {bounds[p.name][k]}"
-                    for k, w in (("min", "at least"), ("max", "at most"))
-                    if k in bounds.get(p.name, {})
-                ]
-                if said and p.help:
-                    p.help += f" [{', '.join(said)}]"
-        named = re.compile(r"\{(tasks|recipes|interventions|analyses)\}")
+        helps = option_helps(self.options) if self.options is not None else {}
         for p in self.params:
-            if getattr(p, "help", None) and named.search(p.help):
-                p.help = named.sub(lambda m: help_list(m.group(1)), p.help)
+            p.help = helps.get(p.name, p.help)
+            if getattr(p, "help", None):
+                p.help = with_lists(p.help)
         return super().format_help(ctx, formatter)
 
 

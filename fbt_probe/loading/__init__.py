@@ -1,4 +1,5 @@
-"""The built-in default model and how ``--model`` names a model."""
+"""The built-in default model and how ``--model`` names a model: a package above the model
+core and ``fbt_probe.hf``, because it chooses between their backends."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hf import FUSION_CONFIG, HFFeedbackModel, is_hf_folder, load_hf, random_init_hf
 from fbt_probe.stack import FBTModel
 
-DEFAULTS = Path(__file__).resolve().parent / "defaults"
+DEFAULTS = Path(__file__).resolve().parents[1] / "defaults"
 DEFAULT_MODEL_DIR = DEFAULTS / "default"
 # models shipped beside the default that ``--model NAME`` finds; a fusion folder names its
 # base, which ``fbt-probe convert`` makes (docs/real-model.md)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fbt_probe.budget import check_work, prefill_passes
 from fbt_probe.decode import generate_ragged
-from fbt_probe.device import resolve_device
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.hf import require_tokenizer
 from fbt_probe.loading import resolve_model
 from fbt_probe.prefill import MODES, decode_mode, parse_modes
+from fbt_probe.runtime.budget import check_work, prefill_passes
+from fbt_probe.runtime.device import resolve_device
+from fbt_probe.util.lists import comma_items
 from tasks import TASK_NAMES, get_task, task_names, vocab
 from tasks.base import DEFAULT_DISTRACTORS, POOLED
 from tasks.generate import check_memory
-from tasks.lists import comma_items
 
 STREAM_HELDOUT = 3  # held-out evaluation: a seed stream of its own, never trained or probed on
 EVAL_SEED = 4321
@@ -109,7 +109,7 @@ def evaluate(
 
 
 def check_eval_work(model, tasks, modes, n_groups: int, seed: int) -> float:
-    """``eval``'s work priced before it starts (``fbt_probe.budget``): one group's prompt
+    """``eval``'s work priced before it starts (``fbt_probe.runtime.budget``): one group's prompt
     tokens of each task, times ``n_groups``, times each mode's prefill passes (a generated
     answer is a few tokens: left out)."""
     enc = getattr(model, "encoding", None)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.safe_files import atomic_write
+from fbt_probe.util.files import atomic_write
 
 # cividis (perceptually uniform, colour-blind safe: the PNG figures' map) at five stops
 CIVIDIS = (

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from fbt_probe.feedback import FeedbackModel
-from fbt_probe.patching import STATE_HOOK as STATE
+from fbt_probe.kernels.patching import STATE_HOOK as STATE
 
 
 @dataclass(frozen=True)

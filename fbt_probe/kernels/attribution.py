@@ -18,7 +18,7 @@ reads the attention pattern after the patch exactly and takes the gradient there
 fix: a saturated softmax makes the query's or key's own gradient near zero); ``linear`` keeps
 the plain first-order estimate beside it.
 
-Edges (``fbt_probe.edges``): the same change of each upstream node (the input of block 0, each
+Edges (``fbt_probe.kernels.edges``): the same change of each upstream node (the input of block 0, each
 head, each MLP, the state pass k feeds back into pass k+1) dotted with the gradient at each
 downstream node's own input (each layer's attention and MLP, the readout).
 
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from fbt_probe.edges import Edge, dot_over, edge_layout, edge_scores, per_position
 from fbt_probe.feedback import FeedbackModel
-from fbt_probe.patching import STATE_HOOK
+from fbt_probe.kernels.edges import Edge, dot_over, edge_layout, edge_scores, per_position
+from fbt_probe.kernels.patching import STATE_HOOK
 from fbt_probe.positions import pos_dim
 from fbt_probe.prefill import Prefill
 from fbt_probe.stack import FBTModel, GrowingKVCache

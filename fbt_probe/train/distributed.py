@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fbt_probe.device import resolve_device
+from fbt_probe.runtime.device import resolve_device
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from fbt_probe.util.files import read_json
 from tasks.base import POOLED
-from tasks.safe_files import read_json
 
 # The paper's layer-0 figures at the colon; absent where it gives no number.
 PAPER_LAYER0 = {

@@ -6,7 +6,7 @@ one regularisation knob may take, picked by nested grouped CV) and
 - ``fit(X, y)`` -> self, ``predict(X)`` -> labels;
 - ``direction()`` -> (n_directions, d) in the input space, or None when it is not linear;
 - ``state()`` -> dict of arrays and ``config()`` -> dict, and ``from_saved(config, state)``:
-  what a saved probe is made of (``probes.fit.artifacts``).
+  what a saved probe is made of (``probes.common.artifacts``).
 
 Register one with ``@register_probe``; nothing else needs editing::
 
@@ -23,7 +23,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from tasks.registry import Registry
+from fbt_probe.util.registry import Registry
 
 PROBES: Registry = Registry("probe", identifiers=False)
 

@@ -1,8 +1,9 @@
 """File safety for every output fbt-probe writes: check an output before any work, and write
 files and folders atomically (whole or not at all, a Ctrl-C included).
 
-It sits in the lowest layer (``tasks``) because every other layer writes files: datasets
-here, checkpoints and run folders in ``fbt_probe``, results in ``probes``.
+It sits in the lowest layer (``fbt_probe.util``, below ``tasks``) because every other layer
+writes files: datasets in ``tasks``, checkpoints and run folders in ``fbt_probe``, results in
+``probes``.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def without_umask(mode: int) -> int:
     return mode & ~umask
 
 
-def _temp_names(out: Path):
+def temp_names(out: Path):
     """Names for a temporary file or folder next to ``out``, to be created by the caller
     after the name is bound: a Ctrl-C that lands while the file is being created (mkstemp
     and mkdtemp return its name only after) still leaves the name to the clean-up."""
@@ -99,7 +100,7 @@ def atomic_write(out: Path, write) -> None:
         raise FileExistsError(f"{out} is {_kind(out)}; refusing to replace it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        for tmp in _temp_names(out):  # named before it exists: see _temp_names
+        for tmp in temp_names(out):  # named before it exists: see temp_names
             try:
                 _create_file(tmp)
                 break
@@ -128,7 +129,7 @@ def atomic_folder(out: Path, write) -> None:
     tmp = old = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        for name in _temp_names(out):
+        for name in temp_names(out):
             tmp = Path(name)  # bound before the folder exists
             try:
                 os.mkdir(tmp, 0o700)
