@@ -67,12 +67,16 @@ __all__ = [
 ]
 
 _lazy = imports.lazy_attributes("probes", _LAZY)
+_CALLS: dict = {}  # name -> (the registered analysis, its library call)
 
 
 def __getattr__(name: str):
     """``run_<analysis>`` of any registered analysis (made from its options on first use,
-    ``probes.analysis.library_call``), or a name of ``_LAZY``."""
+    ``probes.analysis.library_call``, and made again if the registration is replaced), or a
+    name of ``_LAZY``."""
     if name.startswith("run_") and name[4:] in ANALYSES:
-        made = globals()[name] = library_call(ANALYSES[name[4:]])
-        return made
+        analysis = ANALYSES[name[4:]]
+        if name not in _CALLS or _CALLS[name][0] is not analysis:
+            _CALLS[name] = (analysis, library_call(analysis))
+        return _CALLS[name][1]
     return _lazy(name)

@@ -2,11 +2,14 @@
 
 An ``Analysis`` names everything the rest of the toolkit needs of it:
 
-- ``options``: a frozen dataclass whose fields are its options. A field's docstring (the
-  string under it) is its help; ``probes.common.options.option`` adds the flag's spelling
-  and bounds. The CLI
-  verb is generated from it (``cli.py``), and the library takes the same object;
-- ``run(options, progress)``: does the work, writes its folder, returns a ``Result``;
+- ``options``: a frozen dataclass whose fields are its options, its whole interface. A
+  field's docstring (the string under it) is its help; ``probes.common.options.option`` adds
+  the flag's spelling and bounds; a ``validate()`` method, where it has one, checks what the
+  bounds cannot (values that must parse, options that exclude each other). The CLI verb is
+  generated from it (``probes.verbs``), and so is the library call ``probes.run_<name>``
+  (``library_call``); both check it once, before any work (``check_options``);
+- ``run(options, progress)``: does the work on checked options, writes its folder, returns a
+  ``Result``;
 - ``section(results)``: its part of report.md and report.html, a list of markdown strings and
   ``Figure`` s, read from what ``run`` wrote under a results folder;
 - ``reproduce``: the options ``fbt-probe reproduce`` runs it with (None: not a step), or a

@@ -1,7 +1,7 @@
 """Does every bad input get what the README promises: a non-zero exit, one stderr line that
 starts with "error:" and names the culprit, no traceback, no pre-existing file changed and
 nothing new left on disk? This audit feeds the command line inputs a new user could type by
-mistake, on surfaces the first audit (tests/test_hardening.py) did not reach: every setting
+mistake, on surfaces the first audit (the refusal tests, tests/*/test_*refusals.py) did not reach: every setting
 of a training recipe with values of the wrong kind or range (checked by `fbt-probe recipe`,
 the same validation `train` runs before it makes its folder), and the options of the other
 commands. Each case runs in this process (typer's CliRunner) in a scratch folder.
@@ -9,7 +9,7 @@ commands. Each case runs in this process (typer's CliRunner) in a scratch folder
     python research/hardening_audit.py [--json audit.json] [--only SUBSTRING]
 
 It prints one line per case that falls short and a count per kind; the cases that found
-something are kept as tests in tests/test_hardening.py.
+something are kept as tests in tests/probes/test_option_refusals.py.
 """
 
 from __future__ import annotations

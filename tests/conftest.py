@@ -9,7 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fbt_probe.checkpoint import save_model
+from fbt_probe.config import build_cfg
 from fbt_probe.loading import resolve_model
+from fbt_probe.stack import FBTModel
 from probes.fit.run import COLUMNS
 from tasks.generate import generate_dataset
 
@@ -113,3 +116,9 @@ def results(tmp_path):
     res.mkdir()
     df.to_csv(res / "probe_results.csv", index=False)
     return res, df
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), tmp_path / "m")
+    return tmp_path / "m"

@@ -219,7 +219,6 @@ def test_the_tests_mirror_the_packages_with_one_conftest():
         "test_readme.py",
         "test_docs.py",
         "test_bench.py",
-        "test_hardening.py",
         "test_cli.py",
     }, flat
 
@@ -448,3 +447,61 @@ def test_the_map_check_can_fail():
     )
     assert "fbt_probe/kernels/lens.py" in named and "fbt_probe/nothere.py" in missing
     assert "kernels/ gone.py" in missing and "fbt_probe/stack.py" not in named
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The modules of ours ``path`` imports when it runs (inside functions too), leaving out
+    what it imports for type checkers only (``if TYPE_CHECKING:``)."""
+    found: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m.split(".")[0] in OURS}
+
+
+def module_cycles(paths: list[Path]) -> list[list[str]]:
+    """The import cycles between modules (a module importing from its own package's
+    ``__init__`` is not one: that is how a package offers its names)."""
+    names = {module_name(f): f for f in paths}
+    edges = {
+        m: {t for t in runtime_imports(f) if t in names and t != m and not m.startswith(t + ".")}
+        for m, f in names.items()
+    }
+    cycles, done = [], set()
+    for start in sorted(edges):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(edges[node]):
+                if nxt == start and frozenset(path) not in done:
+                    done.add(frozenset(path))
+                    cycles.append(path)
+                elif nxt not in path and nxt > start:
+                    stack.append((nxt, [*path, nxt]))
+    return cycles
+
+
+def test_no_two_modules_import_each_other_when_they_run():
+    cycles = module_cycles(_python_files("fbt_probe", "tasks", "probes"))
+    assert cycles == [], [" -> ".join(c) for c in cycles]
+
+
+def test_every_public_surface_names_each_name_once():
+    import fbt_probe
+    import probes
+    import tasks
+
+    for package in (fbt_probe, tasks, probes):
+        names = list(package.__all__)
+        assert len(names) == len(set(names)), package.__name__
+        for name in names:
+            assert getattr(package, name) is not None, f"{package.__name__}.{name}"

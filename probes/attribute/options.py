@@ -38,11 +38,23 @@ class AttributeOptions(Common):
 
     @cached_property
     def parsed(self) -> tuple:
-        """(the prefill, the kinds, whether edges are wanted (None: where the model allows),
-        the check), read once."""
-        from probes.attribute.run import parse_args
+        """(the prefill, the kinds, whether to score edges (None: where the model allows),
+        the sites to check), read once."""
+        from fbt_probe.kernels.attribution import KINDS
+        from fbt_probe.prefill import parse_prefill
+        from fbt_probe.util.lists import comma_items
 
-        return parse_args(self.prefill, self.kinds, self.edges, self.check)
+        pf = parse_prefill(self.prefill)
+        chosen = comma_items(self.kinds, "--kinds")
+        if any(k not in KINDS for k in chosen):
+            raise ValueError(
+                f"--kinds {self.kinds!r}: choose from {', '.join(KINDS)}, comma-separated"
+            )
+        if self.edges not in ("on", "off", "auto"):
+            raise ValueError(f"--edges {self.edges!r}: choose on, off or auto")
+        if self.check != "all" and not self.check.isdigit():
+            raise ValueError(f"--check {self.check!r}: give a number of sites (0: none) or 'all'")
+        return pf, tuple(chosen), {"on": True, "off": False, "auto": None}[self.edges], self.check
 
     def validate(self) -> None:
         """Every option that can be wrong without the model, before any work."""

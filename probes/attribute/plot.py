@@ -10,11 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from fbt_probe.util.files import read_json
 from probes.attribute.check import LOW_RANK, LOW_RECALL
-from probes.common.figures import DIVERGING, PALETTE, save_figure, site_depth, subplots
+from probes.common.figures import (
+    PALETTE,
+    logit_diff_heatmap,
+    save_figure,
+    site_depth,
+    subplots,
+)
 from probes.common.tables import read_long_table
 
 N_EDGES = 24  # the graph draws the strongest this many
@@ -68,17 +73,7 @@ def plot_attribution(df: pd.DataFrame, edf, meta: dict, out: Path) -> int:
         if t.empty:
             continue
         fig, ax = subplots(figsize=(max(5, 0.7 * t.shape[1] + 3), max(2.5, 0.4 * t.shape[0] + 1.2)))
-        sns.heatmap(
-            t,
-            ax=ax,
-            cmap=DIVERGING,
-            vmin=-0.2,
-            vmax=1.2,
-            center=0.5,
-            annot=t.size <= 200,
-            fmt=".2f",
-            cbar_kws={"label": "estimated logit difference (1 clean, 0 twin)"},
-        )
+        logit_diff_heatmap(ax, t, "estimated logit difference (1 clean, 0 twin)")
         ax.set_title(f"{task}, {where}: attribution of the twin's {kind}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

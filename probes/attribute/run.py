@@ -20,12 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fbt_probe.kernels.attribution import KINDS, attribute, edge_layout
+from fbt_probe.kernels.attribution import attribute, edge_layout
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import parse_prefill
 from fbt_probe.runtime.budget import check_work
 from fbt_probe.runtime.device import resolve_device
-from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.attribute.check import agreement, batch_inputs, check_sites, exact_sweep
 from probes.attribute.options import AttributeOptions
@@ -33,23 +31,16 @@ from probes.attribute.plot import findings, plot_attribution
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens
+from probes.common.metrics import COLUMNS as IV_TABLE
 from probes.common.patching import count_sites
 from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, aligned_pairs, batches
 
+# the columns of interventions.csv (and patch.csv: with the pass), then the estimates
 COLUMNS = [
-    "task",
-    "prefill",
+    *IV_TABLE[:2],
     "pass",
-    "intervention",
-    "site",
-    "positions",
-    "alpha",
-    "metric",
-    "value",
-    "ci_low",
-    "ci_high",
-    "n",
+    *IV_TABLE[2:],
     "linear",
     "exact",
     "exact_ci_low",
@@ -101,20 +92,6 @@ def check_attribution_work(m, bs, pf, kinds, check: str, ig_steps: int, prefill:
         f"--prefill {prefill} --check {check} --ig-steps {ig_steps}",
         f"{checked:,} exact patches and {1 + ig_steps} backward pass(es) on {tokens:,} tokens",
     )
-
-
-def parse_args(prefill: str, kinds: str, edges: str, check: str):
-    """The prefill, the kinds, whether to score edges (None: auto) and the sites to check."""
-    pf = parse_prefill(prefill)
-    chosen = comma_items(kinds, "--kinds")
-    bad = [k for k in chosen if k not in KINDS]
-    if bad:
-        raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
-    if edges not in ("on", "off", "auto"):
-        raise ValueError(f"--edges {edges!r}: choose on, off or auto")
-    if check != "all" and not (check.isdigit()):
-        raise ValueError(f"--check {check!r}: give a number of sites (0: none) or 'all'")
-    return pf, tuple(chosen), {"on": True, "off": False, "auto": None}[edges], check
 
 
 def sweep(

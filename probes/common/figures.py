@@ -51,3 +51,19 @@ def site_depth(site: str) -> int:
     """blocks.{l}.hook_resid_pre -> l; blocks.{l}.hook_resid_post -> l + 1."""
     layer = int(re.search(r"blocks\.(\d+)\.", site).group(1))
     return layer + 1 if site.endswith("resid_post") else layer
+
+
+def logit_diff_heatmap(ax, table: pd.DataFrame, label: str) -> None:
+    """A map on the normalised logit difference's scale (1: the clean run's answer, 0: the
+    twin's), diverging around 0.5, with its values written in where there are few."""
+    sns.heatmap(
+        table,
+        ax=ax,
+        cmap=DIVERGING,
+        vmin=-0.2,
+        vmax=1.2,
+        center=0.5,
+        annot=table.size <= 200,
+        fmt=".2f",
+        cbar_kws={"label": label},
+    )

@@ -28,12 +28,26 @@ class LensOptions(JacobiPasses, Common):
     """Examples per batch."""
 
     def validate(self) -> None:
-        """Every option that can be wrong without the model, before any work."""
-        from probes.lens.run import check_position
+        """Every option that can be wrong without the model, before any work: ``--position``
+        is 'answer', 'colon', 'colon-K' or a position each task declares."""
+        from probes.common.extract import parse_site
+        from tasks import get_task
 
         _ = self.passes  # parsed now: a bad --prefill fails before any work
         if self.tuned_lens is not None and not self.tuned:
             raise ValueError(
                 "--tuned-lens reads a saved tuned lens, --no-tuned reads none: give one"
             )
-        check_position(self.position, self.tasks_and_data[0])
+        tasks, position = self.tasks_and_data[0], self.position
+        if position == "answer":
+            return
+        if not position.strip():
+            raise ValueError("--position '': give answer, colon, colon-K or a declared position")
+        where = parse_site(f"resid@{position}")[1]
+        for t in tasks if isinstance(where, str) else ():
+            declared = sorted(getattr(get_task(t), "POSITIONS", {}))
+            if where not in declared:
+                raise ValueError(
+                    f"--position {position!r}: task {t} declares no such position "
+                    f"(it declares {', '.join(declared) or 'none'})"
+                )

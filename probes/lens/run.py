@@ -27,13 +27,12 @@ from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
 from probes.common.bootstrap import N_BOOT, GroupBootstrap
 from probes.common.data import load_or_generate
-from probes.common.extract import length_batches, max_batch_tokens, parse_site
+from probes.common.extract import length_batches, max_batch_tokens
 from probes.common.prompts import answer_positions, prompts
 from probes.common.tables import write_json, write_table
 from probes.common.work import check_data_work
 from probes.lens.options import LensOptions
 from probes.lens.plot import plot_lens
-from tasks import get_task
 from tasks.base import POOLED
 from tasks.dataset import Dataset
 
@@ -227,24 +226,6 @@ def _write(out: Path, df: pd.DataFrame, doc: dict, fitted: Translators | None) -
         fitted.save(out / "tuned_lens")
     write_table(df, out / "lens.csv")
     write_json(doc, out / "lens.json")
-
-
-def check_position(position: str, tasks) -> None:
-    """``--position`` before any work: 'answer', 'colon', 'colon-K' or a position each of
-    ``tasks`` declares."""
-
-    if position == "answer":
-        return
-    if not position.strip():
-        raise ValueError("--position '': give answer, colon, colon-K or a declared position")
-    where = parse_site(f"resid@{position}")[1]
-    for t in tasks if isinstance(where, str) else ():
-        declared = sorted(getattr(get_task(t), "POSITIONS", {}))
-        if where not in declared:
-            raise ValueError(
-                f"--position {position!r}: task {t} declares no such position "
-                f"(it declares {', '.join(declared) or 'none'})"
-            )
 
 
 def run(options: LensOptions, progress=None) -> Result:

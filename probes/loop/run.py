@@ -28,14 +28,12 @@ import torch
 
 from fbt_probe.kernels.generation import KINDS, closed_loop
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import parse_modes
 from fbt_probe.runtime.device import resolve_device
 from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
     by_length,
-    generation_tasks,
     mean_ci,
     oracle,
     prompts,
@@ -214,11 +212,7 @@ def headline(df: pd.DataFrame, task: str) -> str:
 
 def run(opts, progress=None) -> Result:
     """``fbt-probe loop`` (``probes.loop.options.LoopOptions``)."""
-    task_list, modes, kinds = (
-        generation_tasks(opts.task),
-        parse_modes(opts.modes),
-        parse_kinds(opts.kinds),
-    )
+    task_list, modes, kinds = opts.tasks, opts.mode_list, opts.kind_list
     model, name = resolve_model(opts.model, resolve_device(opts.device))
     require_words(model)
     datasets = [

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from probes.common.options import Common, option
 
+KINDS = ("resid", "head", "path")  # what --kinds may name
+
 
 @dataclass(frozen=True)
 class PatchOptions(Common):
@@ -35,9 +37,23 @@ class PatchOptions(Common):
     @cached_property
     def parsed(self) -> tuple:
         """(the prefill, the kinds, the patched pass counted from 0), read once."""
-        from probes.patch.run import parse_args
+        from fbt_probe.prefill import parse_prefill
+        from fbt_probe.util.lists import comma_items
 
-        return parse_args(self.prefill, self.kinds, self.pass_number)
+        pf = parse_prefill(self.prefill)
+        if pf.passes is None:
+            raise ValueError(
+                "--prefill full: patch acts on a Jacobi pass; use standard, recurrent or k<N>"
+            )
+        chosen = comma_items(self.kinds, "--kinds")
+        if not chosen or any(k not in KINDS for k in chosen):
+            raise ValueError(
+                f"--kinds {self.kinds!r}: choose from {', '.join(KINDS)}, comma-separated"
+            )
+        n = self.pass_number
+        if n is not None and not 1 <= n <= pf.passes:
+            raise ValueError(f"--pass {n}: {pf.name} prefill has passes 1..{pf.passes}")
+        return pf, chosen, pf.passes - 1 if n is None else n - 1
 
     def validate(self) -> None:
         """Every option that can be wrong without the model, before any work."""

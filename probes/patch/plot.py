@@ -8,10 +8,9 @@ import re
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
 
 from fbt_probe.util.files import read_json
-from probes.common.figures import DIVERGING, save_figure, site_depth, subplots
+from probes.common.figures import logit_diff_heatmap, save_figure, site_depth, subplots
 from probes.common.tables import read_long_table
 
 
@@ -54,17 +53,7 @@ def plot_patch(df: pd.DataFrame, task: str, prefill: str, out: Path) -> dict[str
         fig, ax = subplots(
             figsize=(max(5, 0.7 * t.shape[1] + 2), max(2.5, 0.45 * t.shape[0] + 1.2))
         )
-        sns.heatmap(
-            t,
-            ax=ax,
-            cmap=DIVERGING,
-            vmin=-0.2,
-            vmax=1.2,
-            center=0.5,
-            annot=t.size <= 200,
-            fmt=".2f",
-            cbar_kws={"label": "logit difference (1 clean, 0 twin)"},
-        )
+        logit_diff_heatmap(ax, t, "logit difference (1 clean, 0 twin)")
         ax.set_title(f"{task}, {prefill}: patch the twin's {kind}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

@@ -34,10 +34,9 @@ import torch
 from fbt_probe.feedback import FeedbackModel
 from fbt_probe.kernels.patching import STATE_HOOK, clean_run, replace_where
 from fbt_probe.loading import resolve_model
-from fbt_probe.prefill import Prefill, parse_prefill
+from fbt_probe.prefill import Prefill
 from fbt_probe.runtime.budget import check_work
 from fbt_probe.runtime.device import resolve_device
-from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.extract import max_batch_tokens, pick_depths
@@ -54,8 +53,6 @@ from probes.common.tables import write_json, write_table
 from probes.common.twins import PairBatch, aligned_pairs, answer_logits, batches
 from probes.patch.options import PatchOptions
 from probes.patch.plot import findings, plot_patch
-
-KINDS = ("resid", "head", "path")
 
 
 def twin_acts(
@@ -179,22 +176,6 @@ def state_swapped_qkv(
         x = got[n]
         full[n] = torch.cat([x.new_zeros(x.shape[0], T - x.shape[1], *x.shape[2:]), x], 1)
     return full
-
-
-def parse_args(prefill: str, kinds: str, pass_: int | None) -> tuple[Prefill, tuple, int]:
-    """The prefill, the kinds and the patched pass (0 = pass 1) of ``fbt-probe patch``."""
-    pf = parse_prefill(prefill)
-    if pf.passes is None:
-        raise ValueError(
-            "--prefill full: patch acts on a Jacobi pass; use standard, recurrent or k<N>"
-        )
-    chosen = comma_items(kinds, "--kinds")
-    bad = [k for k in chosen if k not in KINDS]
-    if bad or not chosen:
-        raise ValueError(f"--kinds {kinds!r}: choose from {', '.join(KINDS)}, comma-separated")
-    if pass_ is not None and not 1 <= pass_ <= pf.passes:
-        raise ValueError(f"--pass {pass_}: {pf.name} prefill has passes 1..{pf.passes}")
-    return pf, chosen, pf.passes - 1 if pass_ is None else pass_ - 1
 
 
 def run(options: PatchOptions, progress=None) -> Result:

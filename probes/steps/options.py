@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from probes.common.decoding import MODES_HELP
@@ -29,3 +30,21 @@ class StepsOptions(Common):
     """Probes fitted at once (worker processes)."""
     batch_size: int = option(128, "--batch-size", min=1)
     """Examples per batch."""
+
+    @cached_property
+    def tasks(self) -> tuple[str, ...]:
+        """``--task`` read once: the generated-answer tasks."""
+        from probes.common.decoding import generation_tasks
+
+        return generation_tasks(self.task)
+
+    @cached_property
+    def mode_list(self) -> tuple:
+        """``--modes`` read once: the decoding modes."""
+        from fbt_probe.prefill import parse_modes
+
+        return tuple(parse_modes(self.modes))
+
+    def validate(self) -> None:
+        """Every option that can be wrong without the model, before any work."""
+        _ = self.tasks, self.mode_list

@@ -26,14 +26,12 @@ import pandas as pd
 
 from fbt_probe.kernels.generation import step_residuals
 from fbt_probe.loading import random_init_like, resolve_model
-from fbt_probe.prefill import parse_modes
 from fbt_probe.runtime.device import resolve_device
 from probes.analysis import Result
 from probes.common.cv import fit_cell, permute_by_group
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
     by_length,
-    generation_tasks,
     mean_ci,
     oracle,
     prompts,
@@ -251,7 +249,7 @@ def headline(df: pd.DataFrame, task: str) -> str:
 
 def run(opts, progress=None) -> Result:
     """``fbt-probe steps`` (``probes.steps.options.StepsOptions``)."""
-    task_list, modes = generation_tasks(opts.task), parse_modes(opts.modes)
+    task_list, modes = opts.tasks, opts.mode_list
     model, name = resolve_model(opts.model, resolve_device(opts.device))
     require_words(model)
     datasets = [

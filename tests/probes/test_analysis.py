@@ -131,6 +131,66 @@ def test_the_library_runs_it_with_the_same_options(toy, tmp_path):
     assert res.lines[0] == "delayed_memory: 4 prompts"
 
 
+def test_a_registered_analysis_is_a_library_call_with_its_options(toy, tmp_path):
+    import inspect
+
+    run_count = probes.run_count  # made on first use from the registration
+    params = inspect.signature(run_count).parameters
+    assert list(params) == ["model", "task", "groups", "out", "progress"]
+    assert params["groups"].default == 5 and params["groups"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "groups: Base instances drawn. [at least 1]" in run_count.__doc__
+    res = run_count(task="done_tracking", groups=3, out=tmp_path / "c")
+    assert res.lines[0] == "done_tracking: 6 prompts"
+    with pytest.raises(TypeError, match="group"):
+        run_count(group=3)  # a misspelled option, as any function refuses it
+    with pytest.raises(ValueError, match="--groups must be at least 1, got 0"):
+        run_count(groups=0, out=tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
+def _verb_params(name: str) -> dict:
+    """The CLI verb's options: {name: (default, help as --help shows it)}."""
+    import click
+    import typer
+
+    root = typer.main.get_command(cli.app)
+    cmd = root.get_command(click.Context(root), name)
+    cmd.format_help(click.Context(cmd), click.HelpFormatter())  # fills in each option's help
+    return {
+        p.name: (p.default, p.help)
+        for p in cmd.params
+        if not p.name.endswith("_moved") and p.name != "help"
+    }
+
+
+@pytest.mark.parametrize("name", list(probes.BUILTIN))
+def test_each_library_call_is_its_verb_options_defaults_and_help(name):
+    import inspect
+
+    fn = getattr(probes, f"run_{name}")
+    params = inspect.signature(fn).parameters
+    verb = _verb_params(name)
+    assert [p for p in params if p != "progress"] == sorted(verb, key=list(params).index)
+    assert set(params) - {"progress"} == set(verb)
+    for p, (default, help_text) in verb.items():
+        assert params[p].default == default or (
+            isinstance(default, list | tuple) and list(params[p].default) == list(default)
+        ), (name, p)
+        assert help_text and f"    {p}: {help_text}\n" in fn.__doc__, (name, p)
+    assert fn.__name__ == f"run_{name}" and ANALYSES[name].example in fn.__doc__
+
+
+def test_an_option_error_stops_the_library_call_before_any_work(tmp_path):
+    out = tmp_path / "lens"
+    with pytest.raises(ValueError, match="k99"):
+        probes.run_lens(prefill="k99", out=out)
+    with pytest.raises(ValueError, match="--tuned-lens reads a saved tuned lens"):
+        probes.run_lens(tuned=False, tuned_lens=tmp_path, out=out)
+    with pytest.raises(ValueError, match="--folds must be at least 2"):
+        probes.run_fit(folds=1, out=out)
+    assert not out.exists()
+
+
 def test_a_duplicate_name_is_refused_unless_replacing(toy):
     with pytest.raises(ValueError, match="already registered"):
         register_analysis(TOY)

@@ -197,7 +197,7 @@ def test_a_merge_is_one_transaction_replaced_only_with_force(tmp_path, monkeypat
     import errno
     import os
 
-    from tests.test_hardening import snapshot
+    from tests.refusals import snapshot
 
     _, (a, b) = _split_study(tmp_path, [lambda ss: ["0"], lambda ss: ["2"]])
     out = tmp_path / "m"

@@ -24,7 +24,7 @@ from fbt_probe.stack import FBTModel
 from fbt_probe.util.transaction import existing_outputs, transaction
 from probes import ANALYSES
 from tasks.generate import generate_dataset
-from tests.test_hardening import hold, one_line_error, snapshot
+from tests.refusals import hold, one_line_error, snapshot
 
 # every registered analysis: a run of a few seconds on a tiny model
 QUICK = {
