@@ -127,8 +127,9 @@ def head_patch_rows(model, twins) -> list[dict]:
     against one from layer 0 (one batch of twins, recurrent prefill)."""
     from fbt_probe.kernels.patching import clean_run, patched_output, replace_where
     from fbt_probe.prefill import parse_prefill
+    from probes.common.patching import head_hook, layer_from
     from probes.common.twins import batches, pairs_of
-    from probes.patch.run import _layer_from, head_hook, twin_acts
+    from probes.patch.run import twin_acts
 
     pairs = pairs_of(twins)
     pairs = pairs.subset(np.flatnonzero(pairs.shift == 0))
@@ -144,12 +145,12 @@ def head_patch_rows(model, twins) -> list[dict]:
 
     def one(layer):
         hook = [(resid[layer], replace_where(after, acts[resid[layer]]))]
-        patched_output(model, trace, start, hook, None, _layer_from(model, layer))
+        patched_output(model, trace, start, hook, None, layer_from(model, layer))
 
     def heads(layer):
         for h in range(H):
             hook = [(z[layer], head_hook(h, after, acts[z[layer]]))]
-            patched_output(model, trace, start, hook, None, _layer_from(model, layer))
+            patched_output(model, trace, start, hook, None, layer_from(model, layer))
 
     # a large model: its first, middle and last layers, timed once (hundreds of full runs)
     layers = range(L) if L <= 8 else sorted({0, L // 2, L - 1})

@@ -132,15 +132,15 @@ def memory_row(model, pairs, bs, prefill: str) -> dict:
 
 
 def agreement_rows(model_name: str, tasks, prefills, groups: int) -> list[dict]:
-    from probes.attribute.run import attribute_task
+    from probes import run_attribute
 
     rows = []
     for task in tasks:
         for prefill in prefills:
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    _, _ = attribute_task(
-                        model=model_name,
+                    run_attribute(
+                        model_name,
                         task=task,
                         prefill=prefill,
                         kinds="resid,head,state,path",

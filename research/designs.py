@@ -73,11 +73,11 @@ def interchange(run: Path) -> dict:
 def contraction(run: Path) -> dict:
     """The state change at pass 30 over pass 2's, and the stability verdict."""
     from fbt_probe.kernels.stability import verdict
-    from probes.stability.run import stability
+    from probes import run_stability
 
     out = run / "stability"
     if not (out / "stability.csv").is_file():
-        stability(models=(str(run),), passes=30, out=out, decode_tokens=0)
+        run_stability([str(run)], prefill="k30", out=out, decode_tokens=0)
     df = pd.read_csv(out / "stability.csv")
     by = df.set_index("pass")
     first = by.delta_mean.get(2, float("nan"))

@@ -1,5 +1,6 @@
 """The fixtures several test files share: the default model, a tiny Llama folder, a small
-fitted results folder and a hand-made results table."""
+fitted results folder, a hand-made results table, a small saved model folder and a training
+run stopped halfway."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
+from cli import app
 from fbt_probe.checkpoint import save_model
 from fbt_probe.config import build_cfg
 from fbt_probe.loading import resolve_model
@@ -122,3 +125,13 @@ def results(tmp_path):
 def model_dir(tmp_path):
     save_model(FBTModel(build_cfg(n_heads=4, n_ctx=320), seed=0), tmp_path / "m")
     return tmp_path / "m"
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A tiny run stopped at step 2 of 4: a checkpoint, its recipe and a model folder."""
+    out = tmp_path_factory.mktemp("resume") / "run"
+    args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "run.checkpoint_every=2"]
+    r = CliRunner().invoke(app, [*args, "--out", str(out), "--stop-after", "2"])
+    assert r.exit_code == 0, r.output
+    return out

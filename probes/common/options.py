@@ -112,6 +112,23 @@ class JacobiPasses:
         return jacobi_passes(self.prefill, *self.PASSES)
 
 
+class GeneratedTasks:
+    """Options of the analyses of generated answers (``steps``, ``loop``): ``--task`` names
+    tasks whose answer is generated, ``--modes`` decoding modes; each read once."""
+
+    @cached_property
+    def tasks(self) -> tuple[str, ...]:
+        from probes.common.decoding import generation_tasks
+
+        return generation_tasks(self.task)
+
+    @cached_property
+    def mode_list(self) -> tuple[str, ...]:
+        from fbt_probe.prefill import parse_modes
+
+        return tuple(parse_modes(self.modes))
+
+
 def check_options(options) -> None:
     """The one check of an analysis's options, before any work, on the command line and in
     the library call alike: each number within its bounds (``check_bounds``), then what the

@@ -7,11 +7,11 @@ from functools import cached_property
 from pathlib import Path
 
 from probes.common.decoding import MODES_HELP
-from probes.common.options import Common, option
+from probes.common.options import Common, GeneratedTasks, option
 
 
 @dataclass(frozen=True)
-class LoopOptions(Common):
+class LoopOptions(GeneratedTasks, Common):
     model: str = option("generation", "--model", "-m")
     """'generation' (the shipped model of the generation tasks), another shipped model's name or a model/run folder."""
     task: str = option("all", "--task", "-t")
@@ -30,25 +30,18 @@ class LoopOptions(Common):
     """Examples per batch."""
 
     @cached_property
-    def tasks(self) -> tuple[str, ...]:
-        """``--task`` read once: the generated-answer tasks."""
-        from probes.common.decoding import generation_tasks
-
-        return generation_tasks(self.task)
-
-    @cached_property
-    def mode_list(self) -> tuple:
-        """``--modes`` read once: the decoding modes."""
-        from fbt_probe.prefill import parse_modes
-
-        return tuple(parse_modes(self.modes))
-
-    @cached_property
     def kind_list(self) -> tuple[str, ...]:
         """``--kinds`` read once: what is swapped."""
-        from probes.loop.run import parse_kinds
+        from fbt_probe.kernels.generation import KINDS
+        from fbt_probe.util.lists import comma_items
 
-        return parse_kinds(self.kinds)
+        kinds = comma_items(self.kinds, "--kinds")
+        for k in kinds:
+            if k not in KINDS:
+                raise ValueError(
+                    f"--kinds {self.kinds!r}: unknown kind {k!r}; choose from {', '.join(KINDS)}"
+                )
+        return kinds
 
     def validate(self) -> None:
         """Every option that can be wrong without the model, before any work."""

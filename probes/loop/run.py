@@ -26,10 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fbt_probe.kernels.generation import KINDS, closed_loop
+from fbt_probe.kernels.generation import closed_loop
 from fbt_probe.loading import resolve_model
 from fbt_probe.runtime.device import resolve_device
-from fbt_probe.util.lists import comma_items
 from probes.analysis import Result
 from probes.common.data import load_or_generate
 from probes.common.decoding import (
@@ -58,16 +57,6 @@ COLUMNS = [
     "n",
 ]
 FOLLOWS = ("example", "twin", "neither")
-
-
-def parse_kinds(spec: str) -> tuple[str, ...]:
-    kinds = comma_items(spec, "--kinds")
-    for k in kinds:
-        if k not in KINDS:
-            raise ValueError(
-                f"--kinds {spec!r}: unknown kind {k!r}; choose from {', '.join(KINDS)}"
-            )
-    return kinds
 
 
 def pair_measures(r, kind: str, s: int) -> dict:

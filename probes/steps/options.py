@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from probes.common.decoding import MODES_HELP
-from probes.common.options import Common, option
+from probes.common.options import Common, GeneratedTasks, option
 
 
 @dataclass(frozen=True)
-class StepsOptions(Common):
+class StepsOptions(GeneratedTasks, Common):
     model: str = option("generation", "--model", "-m")
     """'generation' (the shipped model of the generation tasks), another shipped model's name or a model/run folder."""
     task: str = option("all", "--task", "-t")
@@ -30,20 +29,6 @@ class StepsOptions(Common):
     """Probes fitted at once (worker processes)."""
     batch_size: int = option(128, "--batch-size", min=1)
     """Examples per batch."""
-
-    @cached_property
-    def tasks(self) -> tuple[str, ...]:
-        """``--task`` read once: the generated-answer tasks."""
-        from probes.common.decoding import generation_tasks
-
-        return generation_tasks(self.task)
-
-    @cached_property
-    def mode_list(self) -> tuple:
-        """``--modes`` read once: the decoding modes."""
-        from fbt_probe.prefill import parse_modes
-
-        return tuple(parse_modes(self.modes))
 
     def validate(self) -> None:
         """Every option that can be wrong without the model, before any work."""

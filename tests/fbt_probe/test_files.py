@@ -98,7 +98,7 @@ def test_sigterm_removes_the_partial_file(tmp_path):
             "--out",
             str(folder / "big.parquet"),
         ]
-        p = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         while not any(folder.iterdir()) and p.poll() is None and time.monotonic() - t0 < 120:
             time.sleep(0.005)  # until the temporary file appears
@@ -148,13 +148,13 @@ def test_a_full_disk_while_fit_writes_its_table_leaves_no_partial_file(
 
 
 def test_a_full_disk_while_a_hugging_face_folder_is_written_keeps_the_old_one(
-    hf_folder, tmp_path, monkeypatch
+    tiny_llama, tmp_path, monkeypatch
 ):
     import safetensors.torch
 
     from fbt_probe.hf import load_hf, save_hf
 
-    m = load_hf(hf_folder)
+    m = load_hf(tiny_llama)
     out = save_hf(m, tmp_path / "m")
     before = {p: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(

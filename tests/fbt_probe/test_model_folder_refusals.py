@@ -50,13 +50,6 @@ def test_a_broken_meta_json_is_refused(model_dir, text, msg):
     one_line_error(r, "meta.json", msg)
 
 
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    from fbt_probe.hf.tiny import model_folder
-
-    return model_folder(tmp_path_factory.mktemp("hf") / "llama", "llama")
-
-
 def _hf_variant(src, dst, broken):
 
     shutil.copytree(src, dst)
@@ -76,7 +69,7 @@ def _hf_variant(src, dst, broken):
 )
 @pytest.mark.parametrize("cmd", ["eval", "fit", "stability"])
 def test_a_broken_hugging_face_folder_is_refused_with_its_name(
-    hf_folder, tmp_path, what, msg, cmd, monkeypatch
+    tiny_llama, tmp_path, what, msg, cmd, monkeypatch
 ):
     from fbt_probe.hf import FORMAT
 
@@ -102,7 +95,7 @@ def test_a_broken_hugging_face_folder_is_refused_with_its_name(
             for f in [*d.glob("tokenizer*"), *d.glob("special_tokens*")]:
                 f.unlink()
 
-    folder = _hf_variant(hf_folder, tmp_path / "m", broken)
+    folder = _hf_variant(tiny_llama, tmp_path / "m", broken)
     monkeypatch.chdir(tmp_path)  # a dataset generated before the refusal would land in data/
     before = files_under(tmp_path)
     args = {
@@ -182,10 +175,10 @@ HF_CASES = {
 
 @pytest.mark.parametrize("case", list(HF_CASES))
 def test_a_hugging_face_refusal_names_the_folder_and_the_file(
-    hf_folder, tmp_path, monkeypatch, case
+    tiny_llama, tmp_path, monkeypatch, case
 ):
     broken, needle = HF_CASES[case]
-    folder = _hf_variant(hf_folder, tmp_path / "m", broken)
+    folder = _hf_variant(tiny_llama, tmp_path / "m", broken)
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
     r = CliRunner().invoke(

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from tests.refusals import (
+    ROOT,
     full_disk_after,
     no_temp_files,
     one_line_error,
@@ -37,16 +38,6 @@ def test_resume_from_a_truncated_checkpoint_or_config(tmp_path):
         app, ["train", "--config", "tiny", "--set", "steps=2", "--out", str(out), "--resume"]
     )
     one_line_error(r, "train_config.json", "not valid JSON")
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory):
-    """A tiny run stopped at step 2 of 4: a checkpoint, its recipe and a model folder."""
-    out = tmp_path_factory.mktemp("resume") / "run"
-    args = ["train", "-c", "tiny", "--set", "steps=4", "--set", "run.checkpoint_every=2"]
-    r = CliRunner().invoke(app, [*args, "--out", str(out), "--stop-after", "2"])
-    assert r.exit_code == 0, r.output
-    return out
 
 
 def _edit_state(run: Path, fn) -> None:
@@ -227,7 +218,7 @@ def test_an_interrupted_training_says_aborted_and_keeps_no_partial_file(tmp_path
     # raises KeyboardInterrupt: give the child the terminal's disposition
     p = subprocess.Popen(
         cmd,
-        cwd=Path(__file__).parents[1],
+        cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
