@@ -10,13 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from tests.refusals import (
-    EVAL,
-    edit_json,
-    files_under,
-    one_line_error,
-    snapshot,
-)
+from tests.refusals import EVAL, edit_json, files_under, one_line_error, snapshot
 
 
 @pytest.mark.parametrize(

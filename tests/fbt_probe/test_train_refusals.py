@@ -16,13 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from tests.refusals import (
-    ROOT,
-    full_disk_after,
-    no_temp_files,
-    one_line_error,
-    snapshot,
-)
+from tests.refusals import ROOT, full_disk_after, no_temp_files, one_line_error, snapshot
 
 
 def test_resume_from_a_truncated_checkpoint_or_config(tmp_path):

@@ -9,11 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from tests.refusals import (
-    files_under,
-    one_line_error,
-    small_dataset,
-)
+from tests.refusals import files_under, one_line_error, small_dataset
 
 
 def _rewrite(path, fn):

@@ -8,13 +8,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from tasks.generate import generate_dataset
-from tests.refusals import (
-    console,
-    files_under,
-    one_line_error,
-    small_dataset,
-    snapshot,
-)
+from tests.refusals import console, files_under, one_line_error, small_dataset, snapshot
 
 
 def test_small_option_checks(tmp_path, model_dir):

@@ -8,10 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from tests.refusals import (
-    one_line_error,
-    snapshot,
-)
+from tests.refusals import one_line_error, snapshot
 
 
 @pytest.fixture(scope="module")

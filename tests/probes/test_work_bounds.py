@@ -10,12 +10,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from tasks.generate import generate_dataset
-from tests.refusals import (
-    EVAL,
-    files_under,
-    one_line_error,
-    snapshot,
-)
+from tests.refusals import EVAL, files_under, one_line_error, snapshot
 
 
 def test_seeds_and_a_huge_dataset_are_refused_before_the_work(tmp_path, model_dir):
