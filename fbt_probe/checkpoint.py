@@ -90,33 +90,45 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> FBTMod
         raise ValueError(
             f"{folder} was trained on vocabulary v{cfg.vocab_version}, this fbt-probe has v{vocab.VOCAB_VERSION}"
         )
+    if (folder / META).is_file():
+        _check_meta(folder)
+    model = FBTModel(cfg)
+    model.load_state_dict(_read_weights(folder, model.state_dict()))
+    return model.to(device).eval()
+
+
+def _check_meta(folder: Path) -> None:
+    """The folder's files against what meta.json recorded when it was saved: the config's and
+    the weights' hashes, and the vocabulary it was trained on."""
     meta_path = folder / META
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{meta_path} is not valid JSON ({e.msg})") from None
-        if not isinstance(meta, dict):
-            raise ValueError(f"{meta_path} must hold a JSON object, not {type(meta).__name__}")
-        want_cfg = meta.get("config_sha256")
-        if want_cfg and file_sha256(folder / CONFIG) != want_cfg:
-            raise ValueError(
-                f"{folder / CONFIG} was changed after the model was saved (its hash differs "
-                "from meta.json); restore it or retrain"
-            )
-        if isinstance(meta.get("vocab"), list):
-            vocab.check_prefix(meta["vocab"], str(folder))
-        want = meta.get("weights_sha256")
-        if want and file_sha256(folder / WEIGHTS) != want:
-            raise ValueError(f"{folder / WEIGHTS} is corrupted: its hash differs from meta.json")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{meta_path} is not valid JSON ({e.msg})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} must hold a JSON object, not {type(meta).__name__}")
+    want_cfg = meta.get("config_sha256")
+    if want_cfg and file_sha256(folder / CONFIG) != want_cfg:
+        raise ValueError(
+            f"{folder / CONFIG} was changed after the model was saved (its hash differs "
+            "from meta.json); restore it or retrain"
+        )
+    if isinstance(meta.get("vocab"), list):
+        vocab.check_prefix(meta["vocab"], str(folder))
+    want = meta.get("weights_sha256")
+    if want and file_sha256(folder / WEIGHTS) != want:
+        raise ValueError(f"{folder / WEIGHTS} is corrupted: its hash differs from meta.json")
+
+
+def _read_weights(folder: Path, expected: dict) -> dict:
+    """The folder's tensors, each name and shape checked against ``expected`` (the state
+    dict its config.json implies)."""
     try:
         tensors = load_file(str(folder / WEIGHTS), device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(
             f"{folder / WEIGHTS} cannot be read as safetensors ({str(e).splitlines()[0]})"
         ) from None
-    model = FBTModel(cfg)
-    expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -128,5 +140,4 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> FBTMod
             raise ValueError(
                 f"{folder}: tensor {k} has shape {tuple(v.shape)}, config.json implies {tuple(expected[k].shape)}"
             )
-    model.load_state_dict(tensors)
-    return model.to(device).eval()
+    return tensors

@@ -110,8 +110,21 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
 
     tok = bpe_tokenizer()
     model = tiny_hf("llama", len(tok), seed)
-    c = model.config
     w = gguf.GGUFWriter(str(out), "llama")
+    _gguf_config(w, model.config)
+    _gguf_tokenizer(w, tok)
+    _gguf_tensors(w, model)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model, tok
+
+
+def _gguf_config(w, c) -> None:
+    """The model's shape, as llama.cpp's metadata keys."""
+    import gguf
+
     w.add_name("tiny-llama")
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -124,6 +137,12 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
     w.add_vocab_size(c.vocab_size)
     w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+def _gguf_tokenizer(w, tok) -> None:
+    """The byte-level BPE: its tokens in id order and its merges."""
+    import gguf
+
     backend = json.loads(tok.backend_tokenizer.to_str())["model"]
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     w.add_tokenizer_model("gpt2")
@@ -133,21 +152,29 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in backend["merges"]])
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
+
+
+# Hugging Face's block weights by their GGUF names
+GGUF_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_tensors(w, model) -> None:
+    """The weights under their GGUF names, q and k permuted as llama.cpp's rotary expects."""
+    c = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    names = {
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(c.num_hidden_layers):
-        for hf_name, g_name in names.items():
+        for hf_name, g_name in GGUF_NAMES.items():
             t = sd[f"model.layers.{i}.{hf_name}.weight"]
             if g_name == "attn_q":
                 t = _permute_rope(t, c.num_attention_heads)
@@ -156,8 +183,3 @@ def write_tiny_gguf(out: str | Path, seed: int = 0):
             w.add_tensor(f"blk.{i}.{g_name}.weight", t)
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return model, tok

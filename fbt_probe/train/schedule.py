@@ -112,30 +112,8 @@ def validate(phases, where: str = "schedule") -> None:
             raise ValueError(
                 f"{at}.until must be in [{prev:g}, 1] (phases in order), got {p.until!r}"
             )
-        if p.tasks is not None:
-            if not p.tasks or any(w < 0 for w in p.tasks.values()) or sum(p.tasks.values()) <= 0:
-                raise ValueError(f"{at}.tasks needs non-negative weights that sum above zero")
-        if p.passes is not None and (
-            not p.passes or any(w < 0 for w in p.passes) or sum(p.passes) <= 0
-        ):
-            raise ValueError(f"{at}.passes needs non-negative weights of 1, 2, ... passes")
-        if p.n_max is not None and not 0 <= p.n_max <= MAX_DISTRACTORS:
-            raise ValueError(f"{at}.n_max must be in 0..{MAX_DISTRACTORS}, got {p.n_max}")
-        if p.frozen is not None and not all(isinstance(f, str) and f for f in p.frozen):
-            raise ValueError(f"{at}.frozen is a list of parameter-name prefixes")
-        if p.overwrites is not None and not 0 <= p.overwrites <= 8:
-            raise ValueError(f"{at}.overwrites must be in 0..8, got {p.overwrites}")
-        for q in ("fixed_point", "soft", "smear"):
-            v = getattr(p, q)
-            if v is not None and not 0.0 <= v <= 1.0:
-                raise ValueError(f"{at}.{q} is a share in [0, 1], got {v}")
-        for q in p.ramp:
-            if q not in RAMPABLE:
-                raise ValueError(f"{at}.ramp names {q!r}; only {', '.join(RAMPABLE)} ramp")
-            if not p.sets(q):
-                raise ValueError(f"{at}.ramp names {q!r}, which the phase does not set")
-            if q not in seen:
-                raise ValueError(f"{at} ramps {q!r}, but no earlier phase sets it")
+        _check_values(p, at)
+        _check_ramps(p, at, seen)
         seen.update(q for q in QUANTITIES if p.sets(q))
         if p.until > prev or i == len(phases) - 1:  # a phase with steps needs a value of each
             for q in ("tasks", "passes", "n_max"):
@@ -149,6 +127,39 @@ def validate(phases, where: str = "schedule") -> None:
         raise ValueError(
             f"{where}: smear must end at 1 (the last phase setting it has {last[-1]:g})"
         )
+
+
+def _check_values(p, at: str) -> None:
+    """Each value phase ``p`` sets, within its range (``at``: where it is, for the message)."""
+    if p.tasks is not None:
+        if not p.tasks or any(w < 0 for w in p.tasks.values()) or sum(p.tasks.values()) <= 0:
+            raise ValueError(f"{at}.tasks needs non-negative weights that sum above zero")
+    if p.passes is not None and (
+        not p.passes or any(w < 0 for w in p.passes) or sum(p.passes) <= 0
+    ):
+        raise ValueError(f"{at}.passes needs non-negative weights of 1, 2, ... passes")
+    if p.n_max is not None and not 0 <= p.n_max <= MAX_DISTRACTORS:
+        raise ValueError(f"{at}.n_max must be in 0..{MAX_DISTRACTORS}, got {p.n_max}")
+    if p.frozen is not None and not all(isinstance(f, str) and f for f in p.frozen):
+        raise ValueError(f"{at}.frozen is a list of parameter-name prefixes")
+    if p.overwrites is not None and not 0 <= p.overwrites <= 8:
+        raise ValueError(f"{at}.overwrites must be in 0..8, got {p.overwrites}")
+    for q in ("fixed_point", "soft", "smear"):
+        v = getattr(p, q)
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ValueError(f"{at}.{q} is a share in [0, 1], got {v}")
+
+
+def _check_ramps(p, at: str, seen: set[str]) -> None:
+    """What phase ``p`` ramps: a rampable quantity it sets, set by an earlier phase
+    (``seen``) to ramp from."""
+    for q in p.ramp:
+        if q not in RAMPABLE:
+            raise ValueError(f"{at}.ramp names {q!r}; only {', '.join(RAMPABLE)} ramp")
+        if not p.sets(q):
+            raise ValueError(f"{at}.ramp names {q!r}, which the phase does not set")
+        if q not in seen:
+            raise ValueError(f"{at} ramps {q!r}, but no earlier phase sets it")
 
 
 def _value(phases, i: int, q: str, progress: float, names: list[str], n_passes: int):

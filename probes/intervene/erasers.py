@@ -99,17 +99,9 @@ def depth_tools(
             else:
                 p = probe_class("logistic")(DIRECTION_C).fit(feats[train], y[train])
                 coef, cls = p.direction(), p.clf.classes_
-            vec = class_vectors(coef, cls)
-            for i in apply:
-                clean, twin = pairs.labels[i, target], pairs.twin_label[i]
-                u = vec.get(twin, 0.0) - vec.get(clean, 0.0)
-                u = np.asarray(u, dtype=np.float64)
-                norm = np.linalg.norm(u)
-                if norm == 0:
-                    continue  # a label the probe never saw: no direction to steer along
-                u = u / norm
-                unit[i] = torch.from_numpy(u)
-                sigma[i] = float(np.std(feats[train] @ u))
+            steer_towards_twins(
+                class_vectors(coef, cls), feats[train], pairs, target, apply, unit, sigma
+            )
     g = torch.Generator().manual_seed(seed * 1000 + depth)
     rank = max(1, k - 1)
     basis = torch.linalg.qr(torch.randn(d, rank, generator=g, dtype=torch.float64))[0]
@@ -117,6 +109,21 @@ def depth_tools(
     rnd = rnd / rnd.norm(dim=1, keepdim=True)
     f = lambda t: t.float()  # noqa: E731
     return DepthTools(f(L), f(R), f(bias), f(basis).expand(n, d, rank), f(unit), f(sigma), f(rnd))
+
+
+def steer_towards_twins(vec: dict, train_feats, pairs: Pairs, target: int, apply, unit, sigma):
+    """Into ``unit`` and ``sigma`` (rows ``apply``): the unit direction from each pair's clean
+    label to its twin's among the probe's class vectors ``vec``, and the spread of the
+    training features along it."""
+    for i in apply:
+        clean, twin = pairs.labels[i, target], pairs.twin_label[i]
+        u = np.asarray(vec.get(twin, 0.0) - vec.get(clean, 0.0), dtype=np.float64)
+        norm = np.linalg.norm(u)
+        if norm == 0:
+            continue  # a label the probe never saw: no direction to steer along
+        u = u / norm
+        unit[i] = torch.from_numpy(u)
+        sigma[i] = float(np.std(train_feats @ u))
 
 
 def saved_directions(probes, task, names, targets, prefill, depth):

@@ -29,62 +29,82 @@ def convergence_matrix(df: pd.DataFrame, task: str) -> pd.DataFrame:
 def plot_trajectory(df: pd.DataFrame, pca: pd.DataFrame, task: str, out: Path) -> dict:
     """``trajectory_<task>`` in ``out``; returns what each panel drew."""
     fig, axes = subplots(1, 4, figsize=(22, 4.2), gridspec_kw={"width_ratios": [2.2, 1.3, 1.3, 1]})
-    drawn = {"convergence": convergence_matrix(df, task)}
-    t = drawn["convergence"]
+    drawn = {
+        "convergence": _convergence_panel(axes[0], df, task),
+        "flips": _flips_panel(axes[2], df, task),
+        "gate": _gate_panel(axes[3], df, task),
+    }
+    _pca_panel(axes[1], pca, task)
+    fig.tight_layout()
+    save_figure(fig, Path(out), f"trajectory_{task}")
+    return drawn
+
+
+def _convergence_panel(ax, df: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Distance to the last pass by pass and position (log colour scale)."""
+    t = convergence_matrix(df, task)
     positive = t.values[t.values > 0]
     lo = float(positive.min()) if positive.size else 1e-6
     sns.heatmap(
         t.clip(lower=lo),
-        ax=axes[0],
+        ax=ax,
         cmap=CMAP,
         norm=LogNorm(vmin=lo, vmax=max(lo * 10, float(np.nanmax(t.values)))),
         cbar_kws={"label": "||h(k) - h(K)|| / ||h(K)||"},
     )
-    axes[0].set_title(f"{task}: distance to the last pass")
-    axes[0].set_xlabel("position (0: where the answer is next)")
-    axes[0].set_ylabel("pass k")
+    ax.set_title(f"{task}: distance to the last pass")
+    ax.set_xlabel("position (0: where the answer is next)")
+    ax.set_ylabel("pass k")
+    return t
+
+
+def _pca_panel(ax, pca: pd.DataFrame, task: str) -> None:
+    """The read position's state pass by pass, in the first two principal components."""
     p = pca[(pca.task == task) & (pca.example < PCA_EXAMPLES)]
     for i, (label, g) in enumerate(p.groupby("label")):
         colour = PALETTE[i % len(PALETTE)]
         for _, e in g.groupby("example"):
-            axes[1].plot(e.pc1, e.pc2, "-", color=colour, lw=0.4, alpha=0.5)
+            ax.plot(e.pc1, e.pc2, "-", color=colour, lw=0.4, alpha=0.5)
         last = g[g["pass"] == g["pass"].max()]
-        axes[1].scatter(last.pc1, last.pc2, s=8, color=colour, label=f"{label} (last pass)")
-    axes[1].set_title("read position's state, pass by pass (PCA)")
-    axes[1].set_xlabel("PC 1")
-    axes[1].set_ylabel("PC 2")
-    axes[1].legend(fontsize=7)
+        ax.scatter(last.pc1, last.pc2, s=8, color=colour, label=f"{label} (last pass)")
+    ax.set_title("read position's state, pass by pass (PCA)")
+    ax.set_xlabel("PC 1")
+    ax.set_ylabel("PC 2")
+    ax.legend(fontsize=7)
+
+
+def _flips_panel(ax, df: pd.DataFrame, task: str) -> pd.DataFrame:
+    """The share of answers that change between passes, by distractor count."""
     flips = df[(df.task == task) & (df.metric == "flip_rate") & (df.distractors != POOLED)].copy()
     flips["count"] = flips.distractors.astype(int)
-    drawn["flips"] = flips.pivot_table(index="count", columns="pass", values="value")
     for i, (k, g) in enumerate(flips.groupby("pass")):
         g = g.sort_values("count")
-        axes[2].plot(
-            g["count"], g.value, "o-", color=PALETTE[i % len(PALETTE)], label=f"{k - 1} -> {k}"
-        )
-    axes[2].set_xscale("symlog", linthresh=1)
-    axes[2].set_xlabel("distractors")
-    axes[2].set_ylabel("share of examples whose top token changes")
-    axes[2].set_title("answer flips between passes")
-    axes[2].legend(fontsize=7, title="pass", ncols=2)
+        ax.plot(g["count"], g.value, "o-", color=PALETTE[i % len(PALETTE)], label=f"{k - 1} -> {k}")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("distractors")
+    ax.set_ylabel("share of examples whose top token changes")
+    ax.set_title("answer flips between passes")
+    ax.legend(fontsize=7, title="pass", ncols=2)
+    return flips.pivot_table(index="count", columns="pass", values="value")
+
+
+def _gate_panel(ax, df: pd.DataFrame, task: str) -> pd.Series:
+    """The fusion's mean gate by token class, with its spread over positions."""
     gates = df[(df.task == task) & (df.metric == "gate")]
-    drawn["gate"] = gates.set_index("token_class").value
     if len(gates):
-        axes[3].bar(gates.token_class, gates.value, color=PALETTE[: len(gates)])
-        axes[3].errorbar(
+        ax.bar(gates.token_class, gates.value, color=PALETTE[: len(gates)])
+        ax.errorbar(
             gates.token_class,
             gates.value,
             fmt="none",
             ecolor="black",
             yerr=[gates.value - gates.ci_low, gates.ci_high - gates.value],
         )
-        axes[3].set_ylim(0, 1)
-        axes[3].set_ylabel("mean sigma(W_G e_t) (bars: 2.5-97.5 % of positions)")
-    axes[3].set_title("the fusion's gate by token")
-    axes[3].tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    save_figure(fig, Path(out), f"trajectory_{task}")
-    return drawn
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("mean sigma(W_G e_t) (bars: 2.5-97.5 % of positions)")
+    ax.set_title("the fusion's gate by token")
+    ax.tick_params(axis="x", labelrotation=20)
+    return gates.set_index("token_class").value
 
 
 def figures(results: Path) -> int:
