@@ -157,7 +157,7 @@ class Analysis:
         out = Path(opts.out)
         force = bool(getattr(opts, "force", False) if force is None else force)
         with transaction(out, self.outputs, force=force) as stage:
-            result = run(replace(opts, out=stage), progress)
+            result = run(staged(opts, stage), progress)
         result.lines = [line.replace(str(stage), str(out)) for line in result.lines]
         return result
 
@@ -191,6 +191,17 @@ class Analysis:
 
     def option_fields(self) -> list:
         return list(fields(self.options_class))
+
+
+def staged(options, stage: Path):
+    """``options`` writing into ``stage``, keeping what checking them read and parsed (the
+    cached values of its properties: tasks, prefills, saved probes), so that nothing is
+    parsed or read from disk twice."""
+    names = {f.name for f in fields(options)}
+    moved = replace(options, out=stage)
+    if hasattr(options, "__dict__") and hasattr(moved, "__dict__"):  # not a slots dataclass
+        moved.__dict__.update({k: v for k, v in vars(options).items() if k not in names})
+    return moved
 
 
 ANALYSES: Registry = Registry("analysis")
