@@ -243,7 +243,9 @@ def _holder(lock: Path) -> dict | None:
     return info
 
 
-def _take(lock: Path, out: Path) -> None:
+def _take(lock: Path, out: Path, tried: list) -> None:
+    """Create ``lock`` exclusively and write this process into it; ``tried[0]`` is true from
+    just before the create until another writer's lock is found."""
     me = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -251,9 +253,11 @@ def _take(lock: Path, out: Path) -> None:
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     for _ in range(5):
+        tried[0] = True
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, without_umask(0o666))
         except FileExistsError:
+            tried[0] = False
             holder = _holder(lock)
             if holder is None:  # stale: its writer is gone
                 lock.unlink(missing_ok=True)
@@ -276,6 +280,23 @@ def _take(lock: Path, out: Path) -> None:
     raise FileExistsError(f"cannot claim {out}: {lock} keeps coming back")
 
 
+def _release(lock: Path, tried: bool) -> None:
+    """Remove the claim if it is this process's: the lock names this process, or is still
+    empty after this process's exclusive create (a signal came before the write)."""
+    if not tried:
+        return
+    try:
+        text = lock.read_text()
+    except OSError:
+        return
+    try:
+        mine = not text.strip() or json.loads(text).get("pid") == os.getpid()
+    except (ValueError, AttributeError):
+        mine = False
+    if mine:
+        lock.unlink(missing_ok=True)
+
+
 @contextmanager
 def claim(out: Path):
     """Hold ``out`` (a file or a folder) for this process while it is written: a second
@@ -296,12 +317,13 @@ def claim(out: Path):
     except OSError as e:
         raise OSError(f"cannot write to {out} ({e.strerror or e})") from None
     lock = lock_path(out)
+    tried = [False]  # set before the exclusive create: a signal right after it still cleans up
     try:
-        _take(lock, out)
         try:
+            _take(lock, out, tried)
             yield out
         finally:
-            lock.unlink(missing_ok=True)
+            _release(lock, tried[0])
     finally:
         for d in made:  # innermost first
             try:

@@ -4,6 +4,7 @@ per output."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -393,3 +394,25 @@ def test_generate_out_with_a_trailing_slash_is_a_folder(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "newdir" / "delayed_memory.parquet").is_file()
     assert "wrote newdir/delayed_memory.parquet" in r.output
+
+
+def test_a_signal_right_after_the_lock_is_created_leaves_no_lock(tmp_path, monkeypatch):
+    import fbt_probe.util.files as files
+
+    def interrupted(fd, *a, **k):  # the signal lands between the exclusive create and the write
+        os.close(fd)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "fdopen", interrupted)
+    with pytest.raises(KeyboardInterrupt), files.claim(tmp_path / "out.parquet"):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_releasing_a_claim_leaves_another_writers_lock(tmp_path):
+    import fbt_probe.util.files as files
+
+    lock = files.lock_path(tmp_path / "out.parquet")
+    lock.write_text(json.dumps({"pid": os.getpid() + 1}) + "\n")
+    files._release(lock, tried=True)
+    assert lock.exists()
